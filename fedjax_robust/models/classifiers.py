@@ -1,0 +1,246 @@
+"""The classifiers of the reproduced papers, as plain flax.linen modules.
+
+Common API of every classifier (inputs NHWC float32 ``[B, H, W, C]``; the MLP
+takes any ``[B, ...]`` and flattens it):
+
+* ``model.apply({'params': p}, x)`` or ``model.apply({'params': p}, x, train)``
+  -> logits ``[B, num_classes]``.
+* ``model.apply({'params': p}, x, method='features')`` -> penultimate features
+  ``[B, model.feature_dim]`` (after the ReLU, i.e. exactly the input of
+  ``head``). ``logits == head(features)``.
+* The last layer is always the submodule ``head``: ``params['head']`` is the
+  head, every other top-level entry is the base (FedRoD / FedPer / FedRep).
+* ``model.penultimate`` names the layer just before ``head`` (``'fc1'`` for the
+  FedCAP CNNs, ``'fc2'`` for LeNet-5 / CifarCNN, ``f'fc{len(hidden)}'`` for the
+  MLP); FedCC reads ``params[model.penultimate]['kernel']``.
+* ``init_scheme='torch'`` (default) reproduces PyTorch's default init;
+  ``'flax'`` uses flax's (LeCun-normal kernels, zero biases).
+
+Conv outputs are flattened in NHWC order (H, W, C), whereas PyTorch flattens
+(C, H, W): the parameter counts and init distributions are identical, but to
+load a PyTorch ``state_dict`` the rows of the first Dense after the flatten
+must be permuted from (C, H, W) to (H, W, C) order.
+
+No BatchNorm, and no dropout except the MLP's optional ``dropout_rate``
+(default 0): these models are vmapped over per-client parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from fedjax_robust.models.layers import TorchConv, TorchDense
+
+
+def _pool2(x: jax.Array) -> jax.Array:
+  """MaxPool2d(2) (kernel 2, stride 2, floor)."""
+  return nn.max_pool(x, window_shape=(2, 2), strides=(2, 2), padding="VALID")
+
+
+def _flatten(x: jax.Array) -> jax.Array:
+  return x.reshape((x.shape[0], -1))
+
+
+class FedAvgCNN(nn.Module):
+  """PFLlib / FedCAP ``FedAvgCNN``.
+
+  conv 5x5 32 VALID -> ReLU -> maxpool2 -> conv 5x5 64 VALID -> ReLU ->
+  maxpool2 -> flatten -> fc1 Dense(fc_dim) -> ReLU -> head Dense(num_classes).
+
+  Flatten is 1600 on 32x32xC and 1024 on 28x28xC. Parameters (10 classes):
+  fc_dim=64 (FedCAP) on 32x32x3: 156,810; fc_dim=512 (PFLlib) on 32x32x3:
+  878,538; fc_dim=512 on 28x28x1: 582,026.
+  """
+
+  num_classes: int = 10
+  fc_dim: int = 512
+  init_scheme: str = "torch"
+
+  penultimate = "fc1"
+
+  def setup(self):
+    self.conv1 = TorchConv(32, (5, 5), init_scheme=self.init_scheme)
+    self.conv2 = TorchConv(64, (5, 5), init_scheme=self.init_scheme)
+    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+
+  @property
+  def feature_dim(self) -> int:
+    return self.fc_dim
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train
+    x = _pool2(nn.relu(self.conv1(x)))
+    x = _pool2(nn.relu(self.conv2(x)))
+    return nn.relu(self.fc1(_flatten(x)))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))
+
+
+class EMNISTCNN(nn.Module):
+  """FedCAP EMNIST CNN: conv 16 k5 -> pool -> conv 32 k5 -> pool -> fc1 128 -> head.
+
+  28x28x1, 62 classes: flatten 512, 86,910 parameters.
+  """
+
+  num_classes: int = 62
+  fc_dim: int = 128
+  init_scheme: str = "torch"
+
+  penultimate = "fc1"
+
+  def setup(self):
+    self.conv1 = TorchConv(16, (5, 5), init_scheme=self.init_scheme)
+    self.conv2 = TorchConv(32, (5, 5), init_scheme=self.init_scheme)
+    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+
+  @property
+  def feature_dim(self) -> int:
+    return self.fc_dim
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train
+    x = _pool2(nn.relu(self.conv1(x)))
+    x = _pool2(nn.relu(self.conv2(x)))
+    return nn.relu(self.fc1(_flatten(x)))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))
+
+
+class HARCNN(nn.Module):
+  """FedCAP WISDM ``HARCNN``; input NHWC ``[B, 1, 200, 3]`` (H=1, W=time, C=axes).
+
+  conv 32 k(1,5) -> ReLU -> maxpool (1,2)/(1,2) -> conv 64 k(1,5) -> ReLU ->
+  maxpool (1,2)/(1,2) -> flatten (64*1*47 = 3008) -> fc1 64 -> ReLU -> head 6.
+  203,782 parameters.
+  """
+
+  num_classes: int = 6
+  fc_dim: int = 64
+  init_scheme: str = "torch"
+
+  penultimate = "fc1"
+
+  def setup(self):
+    self.conv1 = TorchConv(32, (1, 5), init_scheme=self.init_scheme)
+    self.conv2 = TorchConv(64, (1, 5), init_scheme=self.init_scheme)
+    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+
+  @property
+  def feature_dim(self) -> int:
+    return self.fc_dim
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train
+    pool = lambda y: nn.max_pool(y, (1, 2), strides=(1, 2), padding="VALID")
+    x = pool(nn.relu(self.conv1(x)))
+    x = pool(nn.relu(self.conv2(x)))
+    return nn.relu(self.fc1(_flatten(x)))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))
+
+
+class LeNet5(nn.Module):
+  """LeNet-5 (FedVSA MNIST).
+
+  Conv(6, 5x5, pad conv1_padding) -> ReLU -> MaxPool2 -> Conv(16, 5x5 VALID) ->
+  ReLU -> MaxPool2 -> fc1 120 -> ReLU -> fc2 84 -> ReLU -> head.
+
+  With the default ``conv1_padding=2``: 28x28x1 flattens to 16*5*5 = 400
+  (61,706 parameters with 10 classes); 32x32x3 flattens to 16*6*6 = 576
+  (83,126 parameters). With ``conv1_padding=0`` (``CifarCNN``) 32x32x3
+  flattens to 400 (62,006 parameters).
+  """
+
+  num_classes: int = 10
+  conv1_padding: int = 2
+  init_scheme: str = "torch"
+
+  penultimate = "fc2"
+
+  def setup(self):
+    self.conv1 = TorchConv(6, (5, 5), padding=self.conv1_padding,
+                           init_scheme=self.init_scheme)
+    self.conv2 = TorchConv(16, (5, 5), init_scheme=self.init_scheme)
+    self.fc1 = TorchDense(120, init_scheme=self.init_scheme)
+    self.fc2 = TorchDense(84, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+
+  @property
+  def feature_dim(self) -> int:
+    return 84
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train
+    x = _pool2(nn.relu(self.conv1(x)))
+    x = _pool2(nn.relu(self.conv2(x)))
+    x = nn.relu(self.fc1(_flatten(x)))
+    return nn.relu(self.fc2(x))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))
+
+
+class CifarCNN(LeNet5):
+  """FedVSA Table 7 ``Cifar_model``: LeNet-5 with an unpadded conv1.
+
+  Conv(6,5) -> ReLU -> MaxPool2 -> Conv(16,5) -> ReLU -> MaxPool2 -> fc1 120 ->
+  fc2 84 -> head. 32x32x3: flatten 400, 62,006 parameters.
+  """
+
+  conv1_padding: int = 0
+
+
+class MLP(nn.Module):
+  """Flatten -> [Dense(h) -> (Dropout) -> ReLU] for h in hidden -> head.
+
+  Hidden layers are named ``fc1 .. fcN``; ``hidden=()`` is multinomial logistic
+  regression (``penultimate`` is then None and ``features`` is the flattened
+  input). ``dropout_rate > 0`` applies dropout after each hidden Dense when
+  ``train=True``, which then needs a ``'dropout'`` rng
+  (``model.apply(v, x, True, rngs={'dropout': key})``). FedVSA Table 7's MLP is
+  ``MLP(hidden=(64,), dropout_rate=0.5)``.
+  """
+
+  num_classes: int = 10
+  hidden: Sequence[int] = (200, 200)
+  dropout_rate: float = 0.0
+  init_scheme: str = "torch"
+
+  def setup(self):
+    for i, h in enumerate(self.hidden):
+      setattr(self, f"fc{i + 1}",
+              TorchDense(int(h), init_scheme=self.init_scheme))
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+    if self.dropout_rate > 0:
+      self.dropout = nn.Dropout(self.dropout_rate)
+
+  @property
+  def penultimate(self) -> Optional[str]:
+    return f"fc{len(self.hidden)}" if len(self.hidden) else None
+
+  @property
+  def feature_dim(self) -> Optional[int]:
+    """Width of ``features``; None for ``hidden=()`` (it is the input size)."""
+    return int(self.hidden[-1]) if len(self.hidden) else None
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    x = _flatten(x)
+    for i in range(len(self.hidden)):
+      x = getattr(self, f"fc{i + 1}")(x)
+      if self.dropout_rate > 0:
+        x = self.dropout(x, deterministic=not train)
+      x = nn.relu(x)
+    return x
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))

@@ -1,0 +1,117 @@
+"""Dense and Conv layers with PyTorch's default initialisation.
+
+PyTorch initialises ``nn.Linear`` / ``nn.Conv2d`` weights with
+``kaiming_uniform_(a=sqrt(5))``, which is ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``
+(the same as ``nn.initializers.variance_scaling(1/3, 'fan_in', 'uniform')``),
+and biases with ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``. Flax's ``bias_init``
+receives no fan-in, so these layers create their own parameters; fan-in is read
+from the input (``in_features`` for Dense, ``kh * kw * in_channels`` for Conv).
+
+Parameter names and layouts are exactly those of ``flax.linen.Dense`` /
+``flax.linen.Conv``: ``kernel`` ``[in, out]`` / ``[kh, kw, in, out]`` (HWIO) and
+``bias`` ``[out]``, so pytrees are interchangeable with stock flax layers.
+
+``init_scheme='flax'`` gives flax's defaults instead (LeCun-normal kernel, zero
+bias). Everything is float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+INIT_SCHEMES = ("torch", "flax")
+
+Padding = Union[str, int, Sequence[int], Sequence[Sequence[int]]]
+
+
+def torch_uniform_init(fan_in: int):
+  """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``: PyTorch's default weight and bias init."""
+  bound = 1.0 / math.sqrt(fan_in)
+
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+  return init
+
+
+def _initializers(init_scheme: str, fan_in: int):
+  """(kernel_init, bias_init) for the given scheme and fan-in."""
+  if init_scheme == "torch":
+    return torch_uniform_init(fan_in), torch_uniform_init(fan_in)
+  if init_scheme == "flax":
+    return nn.initializers.lecun_normal(), nn.initializers.zeros_init()
+  raise ValueError(
+      f"unknown init_scheme {init_scheme!r}; expected one of {INIT_SCHEMES}")
+
+
+class TorchDense(nn.Module):
+  """``y = x @ kernel + bias`` with PyTorch (default) or flax initialisation."""
+
+  features: int
+  use_bias: bool = True
+  init_scheme: str = "torch"
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    fan_in = x.shape[-1]
+    kernel_init, bias_init = _initializers(self.init_scheme, fan_in)
+    kernel = self.param("kernel", kernel_init, (fan_in, self.features),
+                        jnp.float32)
+    y = lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    if self.use_bias:
+      bias = self.param("bias", bias_init, (self.features,), jnp.float32)
+      y = y + bias
+    return y
+
+
+def _conv_padding(padding: Padding):
+  """'VALID'/'SAME', an int p (p on every side), (ph, pw) or ((lo, hi), (lo, hi))."""
+  if isinstance(padding, str):
+    return padding.upper()
+  if isinstance(padding, int):
+    return ((padding, padding), (padding, padding))
+  padding = tuple(padding)
+  if len(padding) != 2:
+    raise ValueError(f"2-D padding expected, got {padding!r}")
+  return tuple((p, p) if isinstance(p, int) else tuple(p) for p in padding)
+
+
+class TorchConv(nn.Module):
+  """2-D convolution, NHWC input, HWIO kernel, PyTorch (default) or flax init.
+
+  ``padding`` is 'VALID' (PyTorch ``padding=0``), 'SAME', an int ``p``
+  (PyTorch ``padding=p``), ``(ph, pw)`` or ``((top, bottom), (left, right))``.
+  """
+
+  features: int
+  kernel_size: Sequence[int]
+  strides: Sequence[int] = (1, 1)
+  padding: Padding = "VALID"
+  use_bias: bool = True
+  init_scheme: str = "torch"
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    if x.ndim != 4:
+      raise ValueError(f"TorchConv expects NHWC input, got shape {x.shape}")
+    kh, kw = self.kernel_size
+    cin = x.shape[-1]
+    fan_in = kh * kw * cin
+    kernel_init, bias_init = _initializers(self.init_scheme, fan_in)
+    kernel = self.param("kernel", kernel_init, (kh, kw, cin, self.features),
+                        jnp.float32)
+    y = lax.conv_general_dilated(
+        x, kernel,
+        window_strides=tuple(self.strides),
+        padding=_conv_padding(self.padding),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    if self.use_bias:
+      bias = self.param("bias", bias_init, (self.features,), jnp.float32)
+      y = y + bias
+    return y
