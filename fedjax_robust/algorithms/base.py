@@ -1,0 +1,54 @@
+"""The algorithm interface: a NamedTuple of pure functions, in the style of optax.
+
+A round of any algorithm is: the server ``broadcast``s a payload to the sampled
+cohort; every cohort client runs ``client_update`` (written for ONE client, the
+engine maps it over the client axis); the server folds the stacked uploads into
+its state with ``server_update``. Per-client persistent state (personal models,
+optimizer state, control variates) lives on a leading client axis and is
+gathered/scattered by the engine.
+
+Evaluation asks the algorithm for the models to score: ``global_params`` (the
+server model, or ``None`` when there is none, as in Local training) and
+``personal_params`` (the model client ``k`` would use on its own test split:
+the global model for FedAvg, the fine-tuned one for FedAvg-FT, its own for Local).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+
+from fedjax_robust.client import ClientData
+
+PyTree = Any
+
+
+class ClientOutput(NamedTuple):
+  upload: PyTree  # what the server receives, e.g. {"delta": params_delta}
+  state: PyTree  # the client's new persistent state
+  metrics: dict  # per-client scalars (train loss, real steps)
+
+
+class FedAlgorithm(NamedTuple):
+  """An FL algorithm as pure functions over pytrees.
+
+  init_server(params) -> server_state
+  init_client(params) -> one client's persistent state (stacked K times by the engine)
+  broadcast(server_state) -> payload sent to every cohort client
+  client_update(payload, client_state, data, key) -> ClientOutput
+  server_update(server_state, uploads, weights, key) -> (server_state, diagnostics)
+      uploads have a leading cohort axis; weights [C] are the aggregation weights
+      (sample counts for sample-weighted FedAvg, 0 for clients that must not count).
+  global_params(server_state) -> params or None
+  personal_params(payload, client_state, train_data, key) -> params of one client
+  """
+
+  name: str
+  init_server: Callable[[PyTree], PyTree]
+  init_client: Callable[[PyTree], PyTree]
+  broadcast: Callable[[PyTree], PyTree]
+  client_update: Callable[[PyTree, PyTree, ClientData, jax.Array], ClientOutput]
+  server_update: Callable[[PyTree, PyTree, jax.Array, jax.Array], tuple[PyTree, dict]]
+  global_params: Callable[[PyTree], Optional[PyTree]]
+  personal_params: Callable[[PyTree, PyTree, ClientData, jax.Array], PyTree]

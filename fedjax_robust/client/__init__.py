@@ -1,0 +1,21 @@
+"""Local-training kernels for ONE client, written once and mapped over the client axis."""
+
+from fedjax_robust.client.local_sgd import (
+    ClientData,
+    LocalTrainSpec,
+    epoch_permutations,
+    local_train,
+    masked_cross_entropy,
+    num_local_steps,
+    steps_per_epoch,
+)
+
+__all__ = [
+    "ClientData",
+    "LocalTrainSpec",
+    "epoch_permutations",
+    "local_train",
+    "masked_cross_entropy",
+    "num_local_steps",
+    "steps_per_epoch",
+]

@@ -1,0 +1,45 @@
+"""Client and server optimizers from config, via optax.
+
+The server optimizer treats the negated aggregated update as a pseudo-gradient
+(Reddi et al., "Adaptive Federated Optimization", Alg. 2): plain SGD with lr 1
+is FedAvg's averaging, momentum gives FedAvgM, ``adam`` gives FedAdam.
+"""
+
+from __future__ import annotations
+
+import optax
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                   nesterov: bool = False, b1: float = 0.9, b2: float = 0.999,
+                   eps: float = 1e-8) -> optax.GradientTransformation:
+  """An optax optimizer by name; ``weight_decay`` is L2 added to the gradient for SGD/Adam (PyTorch semantics)."""
+  if lr <= 0:
+    raise ValueError(f"learning rate must be > 0, got {lr}")
+  if name == "sgd":
+    opt = optax.sgd(lr, momentum=momentum or None, nesterov=nesterov)
+  elif name == "adam":
+    opt = optax.adam(lr, b1=b1, b2=b2, eps=eps)
+  elif name == "adamw":
+    return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  else:
+    raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
+  if weight_decay:
+    opt = optax.chain(optax.add_decayed_weights(weight_decay), opt)
+  return opt
+
+
+def optimizer_from_config(cfg) -> optax.GradientTransformation:
+  """Builds an optimizer from a ConfigDict with ``optimizer``, ``lr`` and optional extras."""
+  return make_optimizer(
+      cfg.optimizer,
+      cfg.lr,
+      momentum=cfg.get("momentum", 0.0),
+      weight_decay=cfg.get("weight_decay", 0.0),
+      nesterov=cfg.get("nesterov", False),
+      b1=cfg.get("b1", 0.9),
+      b2=cfg.get("b2", 0.999),
+      eps=cfg.get("eps", 1e-8),
+  )

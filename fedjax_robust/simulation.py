@@ -1,0 +1,215 @@
+"""The round engine: sample a cohort, gather, run the client kernel on the client axis, aggregate, scatter.
+
+State is one :class:`SimState` whose ``clients`` field stacks every client's
+persistent state along a leading axis of size K. A round samples a fixed-size
+cohort (static shapes), gathers its states and padded data, maps the
+algorithm's one-client ``client_update`` over the cohort with the chosen
+execution strategy, lets an optional upload transform (attacks) act on the
+stacked uploads, and calls ``server_update``. With a traceable strategy
+(``vmap``/``shard_map``) the whole round is ONE jitted program; the sequential
+reference jits the prepare and finish phases around a Python loop.
+
+Randomness (DESIGN invariant 4): the run key splits into a training key and an
+evaluation key; round ``t`` uses ``fold_in(train_key, t)``, split into cohort,
+client and server keys; client ``k`` uses ``fold_in(client_key, k)``, so its
+randomness does not depend on the strategy or on which other clients were
+sampled.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.client import ClientData
+from fedjax_robust.execution import VmapStrategy, is_traceable
+from fedjax_robust.metrics import count_correct
+
+PyTree = Any
+# transform(uploads, cohort, key) -> uploads: the hook where attacks act on the stacked uploads.
+UploadTransform = Callable[[PyTree, jax.Array, jax.Array], PyTree]
+
+
+class SimState(NamedTuple):
+  round: jax.Array  # int32 scalar: number of completed rounds
+  server: PyTree
+  clients: PyTree  # leading axis K on every leaf
+  key: jax.Array  # the run key (constant): see round_keys / eval_key
+
+
+class _Prepared(NamedTuple):
+  cohort: jax.Array
+  payload: PyTree
+  client_states: PyTree
+  data: ClientData
+  client_keys: jax.Array
+  weights: jax.Array
+  aux_key: jax.Array
+  server_key: jax.Array
+
+
+TRAIN_STREAM, EVAL_STREAM = 0, 1
+
+
+def round_keys(run_key: jax.Array, round_index) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """``(cohort, client, aux, server)`` keys of round ``round_index``; client k uses ``fold_in(client, k)``."""
+  round_key = jax.random.fold_in(jax.random.fold_in(run_key, TRAIN_STREAM), round_index)
+  return tuple(jax.random.split(round_key, 4))
+
+
+def eval_key(run_key: jax.Array, round_index) -> jax.Array:
+  """Key of the evaluation after ``round_index`` rounds (used e.g. by FedAvg-FT's fine-tuning shuffles)."""
+  return jax.random.fold_in(jax.random.fold_in(run_key, EVAL_STREAM), round_index)
+
+
+def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
+  """A sorted, uniformly random subset of ``cohort_size`` client ids (all clients when equal)."""
+  if cohort_size == num_clients:
+    return jnp.arange(num_clients)
+  return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
+
+
+def _gather(tree: PyTree, idx: jax.Array) -> PyTree:
+  return jax.tree.map(lambda a: a[idx], tree)
+
+
+def _scatter(tree: PyTree, idx: jax.Array, values: PyTree) -> PyTree:
+  return jax.tree.map(lambda a, v: a.at[idx].set(v), tree, values)
+
+
+def stack_clients(tree: PyTree, num_clients: int) -> PyTree:
+  """Broadcasts one client's state to a ``[K, ...]`` stack."""
+  return jax.tree.map(lambda a: jnp.broadcast_to(a, (num_clients,) + jnp.shape(a)), tree)
+
+
+def _to_client_data(x: np.ndarray, y: np.ndarray, n: np.ndarray) -> ClientData:
+  return ClientData(jnp.asarray(x), jnp.asarray(y, jnp.int32), jnp.asarray(n, jnp.int32))
+
+
+class Simulator:
+  """Runs an :class:`FedAlgorithm` on a :class:`~fedjax_robust.data.FederatedData`.
+
+  Args:
+    algorithm: the FL algorithm.
+    data: the federated dataset (numpy arrays; moved to device once here).
+    apply_fn: ``(params, x) -> logits`` used for evaluation.
+    strategy: execution strategy of the client axis (default ``vmap``).
+    cohort_size: clients per round (fixed, so shapes are static); default all.
+    upload_transform: optional ``(uploads, cohort, key) -> uploads`` (attacks).
+    eval_batch_size: rows scored per batch during evaluation.
+  """
+
+  def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
+               upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024):
+    self.algorithm = algorithm
+    self.apply_fn = apply_fn
+    self.strategy = strategy or VmapStrategy()
+    self.num_clients = int(data.x_train.shape[0])
+    self.cohort_size = self.num_clients if cohort_size is None else int(cohort_size)
+    if not 1 <= self.cohort_size <= self.num_clients:
+      raise ValueError(f"cohort_size must be in [1, {self.num_clients}], got {self.cohort_size}")
+    self.upload_transform = upload_transform
+    self.eval_batch_size = int(eval_batch_size)
+    self.train = _to_client_data(data.x_train, data.y_train, data.n_train)
+    self.test = _to_client_data(data.x_test, data.y_test, data.n_test)
+    self.global_test = (jnp.asarray(data.x_global_test), jnp.asarray(data.y_global_test, jnp.int32))
+    self._build()
+
+  # ----------------------------------------------------------------------------------- state
+  def init(self, params: PyTree, seed: int | jax.Array = 0) -> SimState:
+    """The initial state: every client starts from ``params`` (and the server too)."""
+    key = jax.random.key(seed) if isinstance(seed, int) else seed
+    clients = stack_clients(self.algorithm.init_client(params), self.num_clients)
+    return SimState(jnp.zeros((), jnp.int32), self.algorithm.init_server(params), clients, key)
+
+  # ----------------------------------------------------------------------------------- rounds
+  def _prepare(self, state: SimState, train: ClientData) -> _Prepared:
+    cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
+    cohort = sample_cohort(cohort_key, self.num_clients, self.cohort_size)
+    data = _gather(train, cohort)
+    client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
+    return _Prepared(cohort, self.algorithm.broadcast(state.server), _gather(state.clients, cohort), data,
+                     client_keys, data.n.astype(jnp.float32), aux_key, server_key)
+
+  def _map_clients(self, prep: _Prepared) -> ClientOutput:
+    return self.strategy.map(self.algorithm.client_update, (None, 0, 0, 0), prep.payload, prep.client_states,
+                             prep.data, prep.client_keys)
+
+  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput):
+    uploads = out.upload
+    if self.upload_transform is not None:
+      uploads = self.upload_transform(uploads, prep.cohort, prep.aux_key)
+    server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key)
+    clients = _scatter(state.clients, prep.cohort, out.state)
+    steps = out.metrics["steps"]
+    metrics = {
+        "train_loss": jnp.sum(out.metrics["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1),
+        "local_steps": jnp.sum(steps),
+        **diagnostics,
+    }
+    return SimState(state.round + 1, server, clients, state.key), metrics
+
+  def _build(self):
+    if is_traceable(self.strategy):
+      def round_fn(state, train):
+        prep = self._prepare(state, train)
+        return self._finish(state, prep, self._map_clients(prep))
+
+      self._round = jax.jit(round_fn)
+    else:
+      prepare, finish = jax.jit(self._prepare), jax.jit(self._finish)
+
+      def round_fn(state, train):
+        prep = prepare(state, train)
+        return finish(state, prep, self._map_clients(prep))
+
+      self._round = round_fn
+    self._eval_clients = self._build_client_eval()
+    self._eval_global = jax.jit(functools.partial(count_correct, self.apply_fn, batch_size=self.eval_batch_size))
+
+  def run_round(self, state: SimState) -> tuple[SimState, dict]:
+    """One federated round; returns the new state and device-side scalar metrics."""
+    return self._round(state, self.train)
+
+  def lower_round(self, state: SimState):
+    """The lowered round program (traceable strategies only), for compile-time measurement."""
+    return self._round.lower(state, self.train)
+
+  # ----------------------------------------------------------------------------------- evaluation
+  def _build_client_eval(self):
+    alg, apply_fn, batch = self.algorithm, self.apply_fn, self.eval_batch_size
+
+    def one_client(payload, client_state, train: ClientData, test: ClientData, key):
+      params = alg.personal_params(payload, client_state, train, key)
+      return count_correct(apply_fn, params, test.x, test.y, test.n, batch)
+
+    def all_clients(server, clients, train, test, key):
+      keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(self.num_clients))
+      return self.strategy.map(one_client, (None, 0, 0, 0, 0), alg.broadcast(server), clients, train, test, keys)
+
+    return jax.jit(all_clients) if is_traceable(self.strategy) else all_clients
+
+  def evaluate(self, state: SimState) -> dict[str, Any]:
+    """Global-model accuracy on the global test set and per-client accuracy on each client's test split.
+
+    ``client_acc_mean`` is the plain mean over clients; ``client_acc_weighted``
+    weights by test-split size (= total correct / total scored).
+    """
+    metrics: dict[str, Any] = {}
+    global_params = self.algorithm.global_params(state.server)
+    if global_params is not None:
+      correct, count = self._eval_global(global_params, *self.global_test)
+      metrics["global_test_acc"] = float(correct) / max(int(count), 1)
+    correct, count = self._eval_clients(state.server, state.clients, self.train, self.test,
+                                        eval_key(state.key, state.round))
+    correct, count = np.asarray(correct), np.asarray(count)
+    acc = correct / np.maximum(count, 1)
+    metrics["client_acc_mean"] = float(acc.mean())
+    metrics["client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
+    metrics["client_acc"] = acc.tolist()
+    return metrics
