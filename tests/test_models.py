@@ -1,0 +1,285 @@
+"""Tests of fedjax_robust.models: parameter counts, shapes, init, vmap, registry."""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from fedjax_robust import models
+from fedjax_robust.models import (count_params, get_model,
+                                  get_model_from_config, init_params,
+                                  merge_base_head, split_base_head)
+from fedjax_robust.models.layers import TorchConv, TorchDense
+
+KEY = jax.random.key(0)
+
+# (name, kwargs, input shape, num_classes, expected #params, feature dim)
+CASES = [
+    ("fedavg_cnn", {"fc_dim": 64}, (32, 32, 3), 10, 156_810, 64),    # FedCAP
+    ("fedavg_cnn", {"fc_dim": 512}, (32, 32, 3), 10, 878_538, 512),  # PFLlib
+    ("fedavg_cnn", {"fc_dim": 512}, (28, 28, 1), 10, 582_026, 512),  # PFLlib MNIST
+    ("emnist_cnn", {}, (28, 28, 1), 62, 86_910, 128),
+    ("har_cnn", {}, (1, 200, 3), 6, 203_782, 64),
+    # conv1 156 + conv2 2,416 + fc1 48,120 + fc2 10,164 + fc3 850
+    ("lenet5", {}, (28, 28, 1), 10, 61_706, 84),
+    ("lenet5", {}, (32, 32, 3), 10, 83_126, 84),  # pad 2: flatten 576
+    ("cifar_cnn", {}, (32, 32, 3), 10, 62_006, 84),
+    ("mlp", {"hidden": (200, 200)}, (8, 8, 1), 10, 55_210, 200),
+    ("mlp", {"hidden": (64,), "dropout_rate": 0.5}, (32, 32, 3), 10,
+     197_322, 64),
+]
+
+
+def _ids(c):
+  return f"{c[0]}-{'-'.join(f'{k}{v}' for k, v in c[1].items())}-{'x'.join(map(str, c[2]))}"
+
+
+@functools.lru_cache(maxsize=None)
+def _model_and_params(name, kwargs_items, shape, num_classes):
+  """One real init per configuration for the whole module (RNG compiles are slow on CPU)."""
+  model = get_model(name, num_classes, **dict(kwargs_items))
+  return model, init_params(model, KEY, shape)
+
+
+def _cached(name, kwargs, shape, num_classes):
+  return _model_and_params(name, tuple(sorted(kwargs.items())), shape,
+                           num_classes)
+
+
+def _np_params(model, shape, seed=0, scale=0.1):
+  """Random params of the right structure without any JAX RNG compile."""
+  abstract = jax.eval_shape(lambda k: init_params(model, k, shape), KEY)
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map(
+      lambda a: jnp.asarray(rng.uniform(-scale, scale, a.shape), jnp.float32),
+      abstract)
+
+
+def _params_for(name, kwargs, shape, num_classes):
+  """Real (cached) init for the FedCAP CNNs, numpy-random params otherwise."""
+  if name in ("fedavg_cnn", "har_cnn"):
+    return _cached(name, kwargs, shape, num_classes)
+  model = get_model(name, num_classes, **kwargs)
+  return model, _np_params(model, shape)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+def test_param_count_and_shapes(case):
+  """Exact counts and shapes for every configuration (abstract evaluation)."""
+  name, kwargs, shape, num_classes, n_params, feat_dim = case
+  model = get_model(name, num_classes, **kwargs)
+  params = jax.eval_shape(lambda k: init_params(model, k, shape), KEY)
+  assert count_params(params) == n_params
+  assert all(p.dtype == jnp.float32 for p in jax.tree_util.tree_leaves(params))
+  x = jax.ShapeDtypeStruct((3,) + shape, jnp.float32)
+  logits = jax.eval_shape(lambda p, x: model.apply({"params": p}, x),
+                          params, x)
+  assert logits.shape == (3, num_classes) and logits.dtype == jnp.float32
+  feats = jax.eval_shape(
+      lambda p, x: model.apply({"params": p}, x, method="features"), params, x)
+  assert feats.shape == (3, feat_dim) and model.feature_dim == feat_dim
+  # Head / base split: params['head'] takes the features; the penultimate
+  # layer (model.penultimate) produces them.
+  assert params["head"]["kernel"].shape == (feat_dim, num_classes)
+  assert params[model.penultimate]["kernel"].shape[-1] == feat_dim
+  base, head = split_base_head(params)
+  assert "head" not in base and head is params["head"]
+  assert count_params(base) + count_params(head) == n_params
+  assert merge_base_head(base, head).keys() == params.keys()
+
+
+VALUE_CASES = [CASES[0], CASES[4], CASES[5], CASES[8]]
+
+
+@pytest.mark.parametrize("case", VALUE_CASES,
+                         ids=[_ids(c) for c in VALUE_CASES])
+def test_logits_are_head_of_features(case):
+  name, kwargs, shape, num_classes, n_params, feat_dim = case
+  model, params = _params_for(name, kwargs, shape, num_classes)
+  assert count_params(params) == n_params
+  x = jax.random.normal(jax.random.key(1), (3,) + shape)
+
+  @jax.jit
+  def run(p, x):
+    return (model.apply({"params": p}, x),
+            model.apply({"params": p}, x, method="features"))
+
+  logits, feats = run(params, x)
+  assert bool(jnp.all(feats >= 0))  # post-ReLU
+  head_logits = feats @ params["head"]["kernel"] + params["head"]["bias"]
+  np.testing.assert_allclose(logits, head_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_fedrod_split_fedcap_cnn():
+  model, params = _cached("fedavg_cnn", {"fc_dim": 64}, (32, 32, 3), 10)
+  base, head = split_base_head(params)
+  assert sorted(base) == ["conv1", "conv2", "fc1"]
+  assert count_params(head) == 650
+  assert model.penultimate == "fc1"
+  assert get_model("lenet5", 10).penultimate == "fc2"
+  assert get_model("mlp", 10, hidden=(32, 16, 8)).penultimate == "fc3"
+  assert get_model("mlp", 10, hidden=()).penultimate is None
+
+
+def _check_uniform(values, fan_in):
+  bound = 1.0 / math.sqrt(fan_in)
+  values = np.asarray(values)
+  assert values.dtype == np.float32
+  assert np.all(np.abs(values) <= bound)
+  return bound
+
+
+def test_torch_init_statistics_dense_and_conv():
+  _, params = _cached("fedavg_cnn", {"fc_dim": 64}, (32, 32, 3), 10)
+  # Dense fc1: fan_in = 1600 -> U(+-1/40), std 1/sqrt(3*1600).
+  w = params["fc1"]["kernel"]
+  assert w.shape == (1600, 64)
+  bound = _check_uniform(w, 1600)
+  assert bound == 1 / 40
+  np.testing.assert_allclose(np.std(w), 1 / math.sqrt(3 * 1600), rtol=0.02)
+  assert abs(float(np.mean(w))) < 3 * bound / math.sqrt(3 * w.size) * 2
+  _check_uniform(params["fc1"]["bias"], 1600)
+  assert float(np.max(np.abs(params["fc1"]["bias"]))) > 0.5 / 40  # not zeros
+  # Conv2: fan_in = 5*5*32 = 800.
+  k = params["conv2"]["kernel"]
+  assert k.shape == (5, 5, 32, 64)
+  _check_uniform(k, 800)
+  np.testing.assert_allclose(np.std(k), 1 / math.sqrt(3 * 800), rtol=0.02)
+  _check_uniform(params["conv2"]["bias"], 800)
+  np.testing.assert_allclose(np.std(params["conv2"]["bias"]),
+                             1 / math.sqrt(3 * 800), rtol=0.3)
+  # Conv1: fan_in = 5*5*3 = 75; head: fan_in = 64.
+  _check_uniform(params["conv1"]["kernel"], 75)
+  _check_uniform(params["conv1"]["bias"], 75)
+  _check_uniform(params["head"]["kernel"], 64)
+  _check_uniform(params["head"]["bias"], 64)
+  # HAR conv kernels (1, 5): fan_in = 1*5*3 = 15.
+  _, har = _cached("har_cnn", {}, (1, 200, 3), 6)
+  _check_uniform(har["conv1"]["kernel"], 15)
+  _check_uniform(har["conv1"]["bias"], 15)
+  np.testing.assert_allclose(np.std(har["conv2"]["kernel"]),
+                             1 / math.sqrt(3 * 160), rtol=0.05)
+
+
+def test_flax_init_scheme():
+  assert get_model("fedavg_cnn", 10, init_scheme="flax").init_scheme == "flax"
+  for kw in ({"init": "flax"}, {"init_scheme": "flax"}):
+    # fc1 has fan_in = 40*40*1 = 1600.
+    model = get_model("mlp", 10, hidden=(64,), **kw)
+    params = init_params(model, KEY, (40, 40, 1))
+    assert model.init_scheme == "flax"
+    assert float(jnp.max(jnp.abs(params["fc1"]["bias"]))) == 0.0
+    # LeCun normal (truncated): std ~ 1/sqrt(fan_in).
+    np.testing.assert_allclose(np.std(params["fc1"]["kernel"]), 1 / 40,
+                               rtol=0.05)
+  with pytest.raises(ValueError, match="init"):
+    get_model("fedavg_cnn", 10, init="xavier")
+
+
+def test_layers_match_stock_flax_layers():
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 12, 12, 3)),
+                  jnp.float32)
+  for padding, flax_padding in (("VALID", "VALID"), (2, ((2, 2), (2, 2))),
+                                ((1, 0), ((1, 1), (0, 0)))):
+    ours = TorchConv(4, (5, 3), padding=padding)
+    p = _np_params(ours, x.shape[1:])
+    ref = nn.Conv(4, (5, 3), padding=flax_padding)
+    np.testing.assert_allclose(ours.apply({"params": p}, x),
+                               ref.apply({"params": p}, x), rtol=1e-5,
+                               atol=1e-5)
+  h = jnp.asarray(np.random.default_rng(3).normal(size=(2, 7)), jnp.float32)
+  ours = TorchDense(5)
+  p = _np_params(ours, h.shape[1:])
+  np.testing.assert_allclose(ours.apply({"params": p}, h),
+                             nn.Dense(5).apply({"params": p}, h), rtol=1e-5,
+                             atol=1e-6)
+
+
+@pytest.mark.parametrize("name,kwargs,shape,num_classes", [
+    ("fedavg_cnn", {"fc_dim": 64}, (32, 32, 3), 10),
+    ("har_cnn", {}, (1, 200, 3), 6),
+    ("lenet5", {}, (28, 28, 1), 10),
+    ("mlp", {"hidden": (200, 200)}, (8, 8, 1), 10),
+])
+def test_vmap_over_client_params_matches_loop(name, kwargs, shape,
+                                              num_classes):
+  model, params = _params_for(name, kwargs, shape, num_classes)
+  # Three distinct clients (cheaper than three RNG inits).
+  per_client = [jax.tree_util.tree_map(lambda a, c=c: a * (1 + 0.3 * c) + 0.01 * c,
+                                       params) for c in range(3)]
+  stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *per_client)
+  x = jax.random.normal(jax.random.key(5), (3, 4) + shape)  # [clients, B, ...]
+
+  def apply(p, xb):
+    return model.apply({"params": p}, xb)
+
+  def feats(p, xb):
+    return model.apply({"params": p}, xb, method="features")
+
+  @jax.jit
+  def vmapped(stacked, x):
+    return (jax.vmap(apply)(stacked, x), jax.vmap(feats)(stacked, x),
+            # Shared data, per-client params.
+            jax.vmap(apply, in_axes=(0, None))(stacked, x[0]))
+
+  @jax.jit
+  def single(p, xb, xs):
+    return apply(p, xb), feats(p, xb), apply(p, xs)
+
+  batched, batched_feats, shared = vmapped(stacked, x)
+  for c in range(3):
+    ref, ref_feats, ref_shared = single(per_client[c], x[c], x[0])
+    np.testing.assert_allclose(batched[c], ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(batched_feats[c], ref_feats, rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(shared[c], ref_shared, rtol=1e-5, atol=1e-5)
+
+
+def test_mlp_dropout():
+  model = get_model("mlp", 10, hidden=[200, 200], dropout_rate=0.5)
+  assert model.hidden == (200, 200)  # lists from configs become tuples
+  params = _np_params(model, (8, 8, 1))
+  x = jnp.ones((4, 8, 8, 1))
+  a = model.apply({"params": params}, x)
+  np.testing.assert_array_equal(a, model.apply({"params": params}, x, False))
+  b = model.apply({"params": params}, x, True,
+                  rngs={"dropout": jax.random.key(7)})
+  assert not np.allclose(a, b)
+  with pytest.raises(Exception):
+    model.apply({"params": params}, x, True)  # no dropout rng
+
+
+def test_get_model_errors():
+  with pytest.raises(ValueError, match="known models: .*fedavg_cnn"):
+    get_model("resnet1000", 10)
+  with pytest.raises(ValueError, match="fc_dims"):
+    get_model("fedavg_cnn", 10, fc_dims=64)
+  with pytest.raises(ValueError, match="accepted: .*fc_dim"):
+    get_model("fedavg_cnn", 10, hidden=(3,))
+  assert set(models.MODELS) == {"mlp", "fedavg_cnn", "emnist_cnn", "har_cnn",
+                                "lenet5", "cifar_cnn"}
+  assert set(models.DEFAULT_INPUT_SHAPES) == set(models.MODELS)
+
+
+def test_get_model_from_config_dict():
+  cfg = ml_collections.ConfigDict()
+  cfg.model = ml_collections.ConfigDict({"name": "fedavg_cnn", "fc_dim": 64})
+  model = get_model_from_config(cfg.model, num_classes=10)
+  assert isinstance(model, models.FedAvgCNN) and model.fc_dim == 64
+  assert count_params(jax.eval_shape(
+      lambda k: init_params(model, k, (32, 32, 3)), KEY)) == 156_810
+  model = get_model(**cfg.model, num_classes=10)
+  assert model.fc_dim == 64
+  mlp_cfg = ml_collections.ConfigDict(
+      {"name": "mlp", "hidden": [32, 16], "num_classes": 10, "init": "flax"})
+  mlp = get_model_from_config(mlp_cfg)
+  assert mlp.hidden == (32, 16) and mlp.init_scheme == "flax"
+  # Hashable fields: the module can be a static argument of jit.
+  hash(mlp)
+  with pytest.raises(ValueError, match="unknown keyword"):
+    get_model_from_config({"name": "mlp", "widths": [3]}, 10)
