@@ -1,0 +1,272 @@
+"""``build_federated_data(cfg)``: from a data config to a padded :class:`FederatedData`.
+
+Pipeline (each random step has its own seed derived from ``cfg.seed``, so changing
+e.g. the partition does not change the per-class subsample):
+
+1. ``load_raw`` the dataset (local files, cache, optional tfds);
+2. choose the pool: ``'train'`` = the official train split (the global test set is the
+   official test split) or ``'all'`` = train + test merged, as PFLlib/FedCAP do (the
+   global test set is then the union of the clients' test splits);
+3. optionally subsample ``samples_per_class`` per class;
+4. partition among ``num_clients`` clients (``cfg.partition``);
+5. optionally cap each client at ``max_samples_per_client``;
+6. split each client into its own train/test (``train_ratio``; 1.0 with pool 'train'
+   means no client test splits);
+7. normalise (``normalize``) and stack into zero-padded ``[K, n_max, H, W, C]`` arrays.
+
+Client indices stored in the result index the pool (for ``'all'``, rows
+``>= len(x_train)`` are official test rows), so a partition can be saved and inspected.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from fedjax_robust.data import partition as P
+from fedjax_robust.data.federated import FederatedData, stack_padded
+from fedjax_robust.data.registry import get_spec
+from fedjax_robust.data.sources import RawDataset, load_raw
+from fedjax_robust.data.transforms import normalization_stats, normalize_images, normalize_mode
+
+POOLS = ("train", "all")
+DIRICHLET_FORMS = ("per_class", "client_prior", "client_symmetric")
+PARTITION_NAMES = tuple(sorted(P.PARTITIONERS))
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+  """The data config with every field and its default.
+
+  Fields: ``name`` (dataset), ``data_dir``, ``cache_dir``, ``allow_download`` (tfds),
+  ``seed``, ``num_clients``, ``pool`` ('train' | 'all'), ``samples_per_class`` (None |
+  int), ``max_samples_per_client`` (None | int), ``train_ratio``, ``normalize`` (True |
+  False | 'half'), and ``partition``: ``name`` (iid | shards | pat | dirichlet |
+  dirichlet_client | quantity_skew | sigma | natural), ``alpha``, ``classes_per_client``
+  (also shards per client for 'shards'), ``min_size``, ``form`` (dirichlet: 'per_class'
+  = Dir(alpha 1_K) per class; 'client_prior' = q_k ~ Dir(alpha p); 'client_symmetric'
+  = q_k ~ Dir(alpha 1_C)), ``balance`` (pat). Optional extra partition fields read if
+  present: ``sigma`` (for 'sigma', and log-normal quantity skew), ``dist``
+  ('dirichlet' | 'lognormal' for quantity_skew), ``max_tries`` (dirichlet redraws).
+
+  The ConfigDicts are not type-safe so that e.g. ``normalize = 'half'`` may replace
+  the boolean default.
+  """
+  partition = ml_collections.ConfigDict({
+      "name": "dirichlet",
+      "alpha": 0.5,
+      "classes_per_client": 2,
+      "min_size": 10,
+      "form": "per_class",
+      "balance": True,
+  }, type_safe=False)
+  return ml_collections.ConfigDict({
+      "name": "digits",
+      "data_dir": None,
+      "cache_dir": None,
+      "allow_download": False,
+      "seed": 0,
+      "num_clients": 10,
+      "pool": "train",
+      "samples_per_class": None,
+      "max_samples_per_client": None,
+      "train_ratio": 0.75,
+      "partition": partition,
+      "normalize": True,
+  }, type_safe=False)
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+  if obj is None:
+    return default
+  if isinstance(obj, dict):
+    return obj.get(name, default)
+  try:
+    return getattr(obj, name)
+  except (AttributeError, KeyError):
+    return default
+
+
+def stage_seed(seed: int, stage: str) -> int:
+  """An independent seed for one pipeline stage (so stages do not share a stream)."""
+  ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, zlib.crc32(stage.encode())])
+  return int(ss.generate_state(1)[0])
+
+
+def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None, seed: int,
+                          groups: np.ndarray | None = None) -> tuple[list[np.ndarray], dict]:
+  """Runs the partition described by ``pcfg``; returns the index lists and the params used."""
+  d = default_data_config().partition
+  name = _get(pcfg, "name", d.name)
+  alpha = float(_get(pcfg, "alpha", d.alpha))
+  cpc = int(_get(pcfg, "classes_per_client", d.classes_per_client))
+  min_size = int(_get(pcfg, "min_size", d.min_size))
+  form = _get(pcfg, "form", d.form)
+  balance = bool(_get(pcfg, "balance", d.balance))
+  if name != "natural" and num_clients is None:
+    raise ValueError(f"partition {name!r} needs num_clients")
+  if name == "iid":
+    params = {}
+  elif name == "shards":
+    params = {"shards_per_client": cpc}
+  elif name == "pat":
+    params = {"classes_per_client": cpc, "balance": balance, "min_size": min_size}
+  elif name in ("dirichlet", "dirichlet_client"):
+    if form not in DIRICHLET_FORMS:
+      raise ValueError(f"unknown dirichlet form {form!r}; known forms: {list(DIRICHLET_FORMS)}")
+    if name == "dirichlet_client" and form == "per_class":
+      form = "client_prior"
+    if form == "per_class":
+      params = {"alpha": alpha, "min_size": min_size}
+      if _get(pcfg, "max_tries") is not None:
+        params["max_tries"] = int(_get(pcfg, "max_tries"))
+    else:
+      name = "dirichlet_client"
+      params = {"alpha": alpha, "form": form.split("_", 1)[1], "min_size": min_size}
+  elif name == "quantity_skew":
+    params = {"alpha": alpha, "dist": _get(pcfg, "dist", "dirichlet"),
+              "sigma": float(_get(pcfg, "sigma", 1.0)), "min_size": min_size}
+  elif name == "sigma":
+    sigma = _get(pcfg, "sigma")
+    if sigma is None:
+      raise ValueError("partition 'sigma' needs a partition.sigma field (std of slot sizes)")
+    params = {"sigma": float(sigma), "classes_per_client": cpc, "min_size": min_size}
+  elif name == "natural":
+    params = {"groups": groups, "min_size": max(1, min_size)}
+  else:
+    raise ValueError(f"unknown partition {name!r}; known partitions: {list(PARTITION_NAMES)}")
+  parts = P.partition(name, labels, num_clients, seed, **params)
+  used = {"name": name, **{k: v for k, v in params.items() if k != "groups"}}
+  if name in ("dirichlet", "dirichlet_client"):
+    used["form"] = form
+  return parts, used
+
+
+def _summary(counts: np.ndarray) -> dict:
+  counts = np.asarray(counts)
+  if counts.size == 0:
+    return {"min": 0, "max": 0, "mean": 0.0, "total": 0}
+  return {"min": int(counts.min()), "max": int(counts.max()), "mean": float(counts.mean()),
+          "total": int(counts.sum())}
+
+
+def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedData:
+  """Builds the federated dataset described by ``cfg`` (see :func:`default_data_config`).
+
+  Args:
+    cfg: a ConfigDict, dict or any attribute object; missing fields take defaults.
+    raw: already loaded data to use instead of calling ``load_raw`` (tests, reuse).
+
+  Raises:
+    ValueError: unknown dataset / pool / partition, or invalid parameters.
+    DatasetNotFoundError, DatasetFormatError: from ``load_raw``.
+  """
+  d = default_data_config()
+  g = lambda name: _get(cfg, name, d[name])  # noqa: E731
+  name, seed, pool = g("name"), int(g("seed")), g("pool")
+  spec = get_spec(name)
+  mode = normalize_mode(g("normalize"))
+  if pool not in POOLS:
+    raise ValueError(f"unknown pool {pool!r}; use one of {list(POOLS)}")
+  ratio = float(g("train_ratio"))
+  if ratio == 1.0 and pool == "all":
+    raise ValueError("train_ratio=1.0 with pool='all' leaves no global test set")
+  if not (0.0 < ratio < 1.0 or ratio == 1.0):
+    raise ValueError(f"train_ratio must be in (0, 1) (or exactly 1.0 with pool='train'), got {ratio}")
+  num_clients = g("num_clients")
+  num_clients = None if num_clients in (None, 0) else int(num_clients)
+
+  if raw is None:
+    raw = load_raw(name, data_dir=g("data_dir"), cache_dir=g("cache_dir"),
+                   allow_download=bool(g("allow_download")))
+  n_official_train = len(raw.y_train)
+  if pool == "train":
+    pool_x, pool_y, groups = raw.x_train, raw.y_train, raw.train_groups
+  else:
+    pool_x = np.concatenate([raw.x_train, raw.x_test])
+    pool_y = np.concatenate([raw.y_train, raw.y_test])
+    groups = (None if raw.train_groups is None
+              else np.concatenate([raw.train_groups, raw.test_groups]))
+
+  candidates = np.arange(len(pool_y))
+  spc = g("samples_per_class")
+  if spc is not None:
+    candidates = P.subsample_per_class(pool_y, int(spc), stage_seed(seed, "subsample"))
+  parts, used = partition_from_config(
+      g("partition"), pool_y[candidates], num_clients, stage_seed(seed, "partition"),
+      groups=None if groups is None else groups[candidates])
+  parts = [candidates[p] for p in parts]
+  cap = g("max_samples_per_client")
+  if cap is not None:
+    parts = P.cap_samples_per_client(parts, int(cap), stage_seed(seed, "cap"))
+  if ratio < 1.0:
+    train_idx, test_idx = P.train_test_split_per_client(parts, ratio, stage_seed(seed, "split"))
+  else:
+    rng = np.random.default_rng(stage_seed(seed, "split"))
+    train_idx = [rng.permutation(p) for p in parts]
+    test_idx = [np.zeros(0, np.int64) for _ in parts]
+
+  def gather(index_lists):
+    xs = [normalize_images(pool_x[i], spec, mode) for i in index_lists]
+    x, n = stack_padded(xs, np.float32)
+    y, _ = stack_padded([pool_y[i].astype(np.int32) for i in index_lists], np.int32)
+    return x, y, n
+
+  x_train, y_train, n_train = gather(train_idx)
+  x_test, y_test, n_test = gather(test_idx)
+  if pool == "train":
+    x_global = normalize_images(raw.x_test, spec, mode)
+    y_global = raw.y_test.astype(np.int32)
+  else:
+    all_test = np.concatenate(test_idx)
+    x_global = normalize_images(pool_x[all_test], spec, mode)
+    y_global = pool_y[all_test].astype(np.int32)
+
+  mean, std = normalization_stats(spec, mode)
+  hist = P.label_histograms(pool_y, train_idx, spec.num_classes)
+  info = {
+      "dataset": name,
+      "source": raw.source,
+      "source_files": list(raw.source_files),
+      "class_names": list(raw.class_names) if raw.class_names is not None else None,
+      "seed": seed,
+      "pool": pool,
+      "pool_size": int(len(pool_y)),
+      "pool_indexing": ("indices index the official train split" if pool == "train" else
+                        f"indices index concat(train, test); rows >= {n_official_train} are "
+                        "official test rows"),
+      "raw_sizes": {"train": int(n_official_train), "test": int(len(raw.y_test))},
+      "samples_per_class": None if spc is None else int(spc),
+      "max_samples_per_client": None if cap is None else int(cap),
+      "train_ratio": ratio,
+      "num_clients": len(parts),
+      "partition": used,
+      "normalize": {"mode": mode, "mean": mean.tolist(), "std": std.tolist(),
+                    "max_value": spec.max_value},
+      "stats": {
+          "n_train": _summary(n_train),
+          "n_test": _summary(n_test),
+          "classes_per_client_mean": float((hist > 0).sum(1).mean()) if len(hist) else 0.0,
+          "global_test_size": int(len(y_global)),
+      },
+  }
+  return FederatedData(
+      name=name, num_classes=spec.num_classes, x_train=x_train, y_train=y_train,
+      n_train=n_train, x_test=x_test, y_test=y_test, n_test=n_test,
+      x_global_test=x_global, y_global_test=y_global,
+      client_train_indices=[np.asarray(i, np.int64) for i in train_idx],
+      client_test_indices=[np.asarray(i, np.int64) for i in test_idx], info=info)
+
+
+def save_federated_partition(path: str | Path, data: FederatedData) -> Path:
+  """Writes ``data``'s client indices, label histograms and ``info`` with
+  :func:`~fedjax_robust.data.partition.save_partition` (``.json`` or ``.npz``)."""
+  return P.save_partition(
+      path, data.client_train_indices, data.client_test_indices,
+      label_histograms=data.label_histograms("train"),
+      test_label_histograms=data.label_histograms("test"),
+      meta={"dataset": data.name, "num_classes": data.num_classes,
+            "n_train": data.n_train.tolist(), "n_test": data.n_test.tolist(), "info": data.info})
