@@ -12,7 +12,7 @@ from fedjax_robust.data.errors import ChecksumError, DatasetFormatError, Dataset
 from fedjax_robust.data.federated import FederatedData, stack_padded
 from fedjax_robust.data.partition import (PARTITIONERS, cap_samples_per_client, dirichlet,
                                           dirichlet_client, iid, label_histograms, load_partition,
-                                          natural, partition, pat, quantity_skew, save_partition,
+                                          natural, partition_by_name, pat, quantity_skew, save_partition,
                                           shards, sigma_label_skew, subsample_per_class,
                                           train_test_split_per_client)
 from fedjax_robust.data.registry import DATASETS, DatasetSpec, get_spec, register_dataset
@@ -24,7 +24,7 @@ __all__ = [
     "save_federated_partition", "md5_file", "verify_md5", "verify_md5sums", "ChecksumError",
     "DatasetFormatError", "DatasetNotFoundError", "FederatedData", "stack_padded", "PARTITIONERS",
     "cap_samples_per_client", "dirichlet", "dirichlet_client", "iid", "label_histograms",
-    "load_partition", "natural", "partition", "pat", "quantity_skew", "save_partition", "shards",
+    "load_partition", "natural", "partition_by_name", "pat", "quantity_skew", "save_partition", "shards",
     "sigma_label_skew", "subsample_per_class", "train_test_split_per_client", "DATASETS",
     "DatasetSpec", "get_spec", "register_dataset", "RawDataset", "load_raw", "normalize_images",
 ]

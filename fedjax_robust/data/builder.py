@@ -138,7 +138,7 @@ def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None
     params = {"groups": groups, "min_size": max(1, min_size)}
   else:
     raise ValueError(f"unknown partition {name!r}; known partitions: {list(PARTITION_NAMES)}")
-  parts = P.partition(name, labels, num_clients, seed, **params)
+  parts = P.partition_by_name(name, labels, num_clients, seed, **params)
   used = {"name": name, **{k: v for k, v in params.items() if k != "groups"}}
   if name in ("dirichlet", "dirichlet_client"):
     used["form"] = form

@@ -466,7 +466,7 @@ PARTITIONERS: dict[str, Callable[..., IndexList]] = {
 }
 
 
-def partition(name: str, labels, num_clients: int, seed: int, **params) -> IndexList:
+def partition_by_name(name: str, labels, num_clients: int, seed: int, **params) -> IndexList:
   """Calls the partitioner registered as ``name`` (ValueError listing the known ones)."""
   if name not in PARTITIONERS:
     raise ValueError(f"unknown partition {name!r}; known partitions: {sorted(PARTITIONERS)}")
