@@ -1,7 +1,6 @@
 """Raw loaders on synthetic files: formats, corruption errors, source order, cache, tfds guard."""
 
 import gzip
-import io
 import logging
 import pickle
 import struct

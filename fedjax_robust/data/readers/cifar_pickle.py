@@ -8,7 +8,6 @@ are the official distribution format; only load archives you trust.
 
 from __future__ import annotations
 
-import io
 import pickle
 import tarfile
 from pathlib import Path

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import tarfile
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import numpy as np
 
