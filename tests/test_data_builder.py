@@ -38,6 +38,21 @@ def test_default_config_fields():
   c.samples_per_class = 50
 
 
+def test_config_command_line_overrides():
+  from absl import flags
+  from ml_collections import config_flags
+  argv = ["prog", "--config.normalize=half", "--config.samples_per_class=600",
+          "--config.data_dir=../shared/data", "--config.partition.alpha=0.1"]
+  fv = flags.FlagValues()
+  holder = config_flags.DEFINE_config_dict("config", default_data_config(), flag_values=fv,
+                                           lock_config=True, sys_argv=argv)
+  fv(argv)
+  c = holder.value
+  assert (c.normalize, c.samples_per_class, c.data_dir, c.partition.alpha) == (
+      "half", 600, "../shared/data", 0.1)
+  assert c.max_samples_per_client is None and c.cache_dir is None
+
+
 def test_digits_end_to_end(digits_raw):
   fd = build_federated_data(cfg(num_clients=8, seed=1), raw=digits_raw)
   assert isinstance(fd, FederatedData) and fd.num_clients == 8 and fd.num_classes == 10

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
 import numpy as np
 
 from fedjax_robust.data import partition as P
@@ -52,8 +53,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   present: ``sigma`` (for 'sigma', and log-normal quantity skew), ``dist``
   ('dirichlet' | 'lognormal' for quantity_skew), ``max_tries`` (dirichlet redraws).
 
-  The ConfigDicts are not type-safe so that e.g. ``normalize = 'half'`` may replace
-  the boolean default.
+  Optional fields are typed placeholders and ``normalize`` an ``object`` field, so
+  command-line overrides (``--config.data.samples_per_class=600``,
+  ``--config.data.normalize=half``) work even though the defaults are None / True.
   """
   partition = ml_collections.ConfigDict({
       "name": "dirichlet",
@@ -65,17 +67,17 @@ def default_data_config() -> ml_collections.ConfigDict:
   }, type_safe=False)
   return ml_collections.ConfigDict({
       "name": "digits",
-      "data_dir": None,
-      "cache_dir": None,
+      "data_dir": config_dict.placeholder(str),
+      "cache_dir": config_dict.placeholder(str),
       "allow_download": False,
       "seed": 0,
       "num_clients": 10,
       "pool": "train",
-      "samples_per_class": None,
-      "max_samples_per_client": None,
+      "samples_per_class": config_dict.placeholder(int),
+      "max_samples_per_client": config_dict.placeholder(int),
       "train_ratio": 0.75,
       "partition": partition,
-      "normalize": True,
+      "normalize": config_dict.FieldReference(True, field_type=object),
   }, type_safe=False)
 
 
