@@ -222,3 +222,21 @@ def test_evaluation_counts_by_hand():
   assert m["client_acc_weighted"] == pytest.approx(correct.sum() / data.n_test.sum())
   glob = np.argmax(np.asarray(apply_fn(params, data.x_global_test)), -1)
   assert m["global_test_acc"] == pytest.approx(np.mean(glob == data.y_global_test))
+
+
+def test_fedadam_is_a_config_away():
+  """Server Adam on the pseudo-gradient -Δ (Reddi et al. 2021): first step moves each weight by ~lr·sign(Δ)."""
+  from fedjax_robust.optim import make_optimizer
+  data, params, apply_fn = setup()
+  spec = LocalTrainSpec(epochs=1, batch_size=4)
+  alg = make_fedavg(apply_fn, optax.sgd(0.1), spec, server_opt=make_optimizer("adam", 0.01, eps=1e-12))
+  plain = make_fedavg(apply_fn, optax.sgd(0.1), spec)
+  s_adam, _ = Simulator(alg, data, apply_fn).run_round(Simulator(alg, data, apply_fn).init(params))
+  sim = Simulator(plain, data, apply_fn)
+  s_avg, _ = sim.run_round(sim.init(params))
+  for p0, pa, pv in zip(jax.tree.leaves(params), jax.tree.leaves(s_adam.server.params),
+                        jax.tree.leaves(s_avg.server.params)):
+    delta = np.asarray(pv - p0)
+    moved = np.asarray(pa - p0)
+    big = np.abs(delta) > 1e-6
+    np.testing.assert_allclose(moved[big], 0.01 * np.sign(delta[big]), rtol=1e-3)
