@@ -1,0 +1,156 @@
+"""The model-poisoning interface and the helpers every attack shares.
+
+An attack is a pure function of the cohort's stacked uploads (DESIGN: "functions
+of the stacked uploads and a malicious mask"), bundled with its name like an
+optax transformation::
+
+    attack.apply(updates, malicious, key, context) -> updates
+
+* ``updates``: any pytree whose leaves have a leading client axis ``[C, ...]``
+  (the engine passes ``uploads["delta"]``);
+* ``malicious``: ``[C]`` bool, which rows belong to attacker-controlled clients;
+* ``key``: a PRNG key (only the randomised attacks use it);
+* ``context``: an optional dict with ``"mask"`` (``[C]`` participation: rows
+  with ``False`` are neither used for statistics nor modified), ``"weights"``
+  (``[C]`` aggregation weights), ``"global_params"`` (one unstacked pytree with
+  the structure of a single update) and ``"round"`` (int).
+
+Every attack ravels each client's update into one vector, crafts vectors with
+array code, and writes them back ONLY into the malicious participating rows, so
+a cohort without malicious participants comes back unchanged (bitwise).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+
+PyTree = Any
+
+KNOWLEDGE = ("full", "partial")
+
+
+class ModelAttack(NamedTuple):
+  """A named pure function ``apply(updates, malicious, key, context=None) -> updates``."""
+  name: str
+  apply: Callable[..., PyTree]
+
+
+# ------------------------------------------------------------------------------------------ pytrees
+def ravel_stack(tree: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:
+  """``[C, ...]``-leaved pytree -> (``[C, D]`` matrix, inverse map)."""
+  first = jax.tree.map(lambda x: x[0], tree)
+  _, unravel_one = ravel_pytree(first)
+  flat = jax.vmap(lambda t: ravel_pytree(t)[0])(tree)
+  return flat, jax.vmap(unravel_one)
+
+
+def ravel_one(tree: PyTree) -> jax.Array:
+  return ravel_pytree(tree)[0]
+
+
+class Cohort(NamedTuple):
+  """The raveled cohort and its masks (all ``[C]`` masks are bool)."""
+  flat: jax.Array  # [C, D]
+  unravel: Callable[[jax.Array], PyTree]
+  mask: jax.Array  # participating
+  mal: jax.Array  # malicious AND participating
+  benign: jax.Array  # benign AND participating
+  n: jax.Array  # int32: number of participants N
+  m: jax.Array  # int32: number of malicious participants M
+
+
+def prepare(updates: PyTree, malicious, context: Optional[dict]) -> Cohort:
+  flat, unravel = ravel_stack(updates)
+  c = flat.shape[0]
+  context = context or {}
+  mask = context.get("mask")
+  mask = jnp.ones((c,), bool) if mask is None else jnp.asarray(mask).astype(bool).reshape(c)
+  mal = jnp.asarray(malicious).astype(bool).reshape(c) & mask
+  benign = mask & ~mal
+  return Cohort(flat, unravel, mask, mal, benign, jnp.sum(mask).astype(jnp.int32),
+                jnp.sum(mal).astype(jnp.int32))
+
+
+def finish(cohort: Cohort, crafted: jax.Array) -> PyTree:
+  """Writes ``crafted`` (``[D]`` shared, or ``[C, D]`` per row) into the malicious rows only."""
+  crafted = jnp.broadcast_to(crafted, cohort.flat.shape).astype(cohort.flat.dtype)
+  return cohort.unravel(jnp.where(cohort.mal[:, None], crafted, cohort.flat))
+
+
+def reference_set(cohort: Cohort, knowledge: str) -> jax.Array:
+  """The rows whose honest updates the attacker knows: all participants ('full') or its own ('partial')."""
+  if knowledge == "full":
+    return cohort.mask
+  if knowledge == "partial":
+    return cohort.mal
+  raise ValueError(f"knowledge must be one of {KNOWLEDGE}, got {knowledge!r}")
+
+
+def benign_reference(cohort: Cohort, knowledge: str) -> jax.Array:
+  """Stand-in for "the benign updates": the true benign participants ('full') or the attacker's own honest ones ('partial')."""
+  if knowledge == "full":
+    return cohort.benign
+  if knowledge == "partial":
+    return cohort.mal
+  raise ValueError(f"knowledge must be one of {KNOWLEDGE}, got {knowledge!r}")
+
+
+def global_flat(context: Optional[dict], attack: str, required: bool) -> Optional[jax.Array]:
+  gp = (context or {}).get("global_params")
+  if gp is None:
+    if required:
+      raise ValueError(f"attack {attack!r} needs context['global_params'] with these settings")
+    return None
+  return ravel_one(gp)
+
+
+# ---------------------------------------------------------------------------------------- statistics
+def masked_mean(flat: jax.Array, sel: jax.Array) -> jax.Array:
+  """Mean of the selected rows (0 if none is selected)."""
+  w = sel.astype(flat.dtype)
+  count = jnp.sum(w)
+  return jnp.sum(w[:, None] * flat, axis=0) / jnp.maximum(count, 1)
+
+
+def masked_mean_std(flat: jax.Array, sel: jax.Array, ddof: int = 1) -> tuple[jax.Array, jax.Array]:
+  """Coordinate-wise mean and std over the selected rows; ``std`` uses ``count - ddof`` (floored at 1).
+
+  With fewer than ``ddof + 1`` selected rows the std is 0 (not NaN).
+  """
+  w = sel.astype(flat.dtype)
+  count = jnp.sum(w)
+  mu = jnp.sum(w[:, None] * flat, axis=0) / jnp.maximum(count, 1)
+  var = jnp.sum(w[:, None] * (flat - mu) ** 2, axis=0) / jnp.maximum(count - ddof, 1)
+  return mu, jnp.sqrt(var)
+
+
+def row_sq_dists(flat: jax.Array, point: jax.Array) -> jax.Array:
+  """``[C]`` squared Euclidean distances from ``point`` to every row."""
+  return jnp.sum((flat - point) ** 2, axis=1)
+
+
+def pairwise_sq_dists(flat: jax.Array) -> jax.Array:
+  """``[C, C]`` squared distances, one row at a time (``lax.map``) so memory stays ``O(C D)``."""
+  return jax.lax.map(lambda a: row_sq_dists(flat, a), flat)
+
+
+# ------------------------------------------------------------------------------------- engine adapter
+def as_upload_transform(attack: ModelAttack, malicious_clients, field: str = "delta",
+                        context: Optional[dict] = None):
+  """Adapts ``attack`` to the engine hook ``upload_transform(uploads, cohort, key) -> uploads``.
+
+  ``malicious_clients`` is the ``[K]`` bool mask of attacker-controlled clients
+  (e.g. :func:`fedjax_robust.attacks.choose_malicious`); the cohort's rows are
+  looked up in it. ``context`` is passed through unchanged (static extras).
+  """
+  mal_k = jnp.asarray(malicious_clients).astype(bool)
+
+  def transform(uploads, cohort, key):
+    poisoned = attack.apply(uploads[field], mal_k[cohort], key, context)
+    return {**uploads, field: poisoned}
+
+  return transform
