@@ -349,3 +349,23 @@ def test_upload_transform_adapter_uses_cohort_ids():
   np.testing.assert_allclose(flat(out["delta"])[1], -flat(t)[1])
   np.testing.assert_array_equal(flat(out["delta"])[[0, 2]], flat(t)[[0, 2]])
   np.testing.assert_array_equal(out["other"], jnp.ones(3))
+
+
+def test_engine_hook_sign_flip_reverses_a_fedavg_round():
+  """Every client malicious + sign flip: one FedAvg round moves the server model by exactly minus the plain round."""
+  import optax
+  from fedjax_robust.algorithms.fedavg import make_fedavg
+  from fedjax_robust.client import LocalTrainSpec
+  from fedjax_robust.simulation import Simulator
+  from test_engine import setup
+
+  data, params, apply_fn = setup()
+  alg = make_fedavg(apply_fn, optax.sgd(0.1), LocalTrainSpec(epochs=1, batch_size=3))
+  transform = attacks.as_upload_transform(attacks.sign_flip(), np.ones(data.num_clients, bool))
+  plain, attacked = Simulator(alg, data, apply_fn), Simulator(alg, data, apply_fn, upload_transform=transform)
+  f = lambda t: np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])
+  p0 = f(plain.init(params).server)
+  d_plain = f(plain.run_round(plain.init(params))[0].server) - p0
+  d_attacked = f(attacked.run_round(attacked.init(params))[0].server) - p0
+  assert np.abs(d_plain).max() > 1e-3
+  np.testing.assert_allclose(d_attacked, -d_plain, atol=1e-6)
