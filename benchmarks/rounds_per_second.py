@@ -363,7 +363,7 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
     jax.clear_caches()  # drop the previous strategy's executables before measuring this one's peak
     rss_before = current_rss_mib()
     reset_ok = reset_peak_rss()
-    t0 = time.perf_counter()
+    t0, cpu0, load0 = time.perf_counter(), _cpu_seconds(), os.getloadavg()[0]
     if name == "reference":
       first, times, compile_s, p1 = bench_reference(wl, data, apply_fn, params, args.rounds, args.seed,
                                                     args.min_time, args.max_time)
@@ -371,6 +371,7 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
       first, times, compile_s, p1 = bench_engine(wl, data, apply_fn, params, name, ndev, unroll, args.rounds,
                                                  args.seed, args.min_time, args.max_time)
     wall = time.perf_counter() - t0
+    cpu_cores = (_cpu_seconds() - cpu0) / wall  # cores this process kept busy (2 = both, on this machine)
     steady = statistics.median(times)
     if compile_s is None:
       compile_s = max(first - steady, 0.0)
@@ -378,12 +379,14 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
            "first_round_s": first, "round_s": times, "round_s_median": steady, "rounds_per_s": 1.0 / steady,
            "samples_per_s": samples / steady, "peak_rss_mib": peak_rss_mib(), "peak_rss_is_per_strategy": reset_ok,
            "rss_before_mib": rss_before,
-           "device_peak_mib": device_peak_mib(), "wall_s": wall}
+           "device_peak_mib": device_peak_mib(), "wall_s": wall, "process_cpu_cores": cpu_cores,
+           "loadavg_1min": [load0, os.getloadavg()[0]]}
     rows.append(row)
     finals[label] = p1
     print(f"  {label:22s} compile {compile_s:7.2f} s  first {first:7.2f} s  rounds {[round(t, 3) for t in times]}"
           f"  -> {row['rounds_per_s']:.3f} rounds/s  peak RSS {row['peak_rss_mib']:.0f} MiB "
-          f"(before {rss_before:.0f})", flush=True)
+          f"(before {rss_before:.0f}); process used {cpu_cores:.2f} cores, load {load0:.1f}->{os.getloadavg()[0]:.1f}",
+          flush=True)
 
   trap = None
   if wl.conv and backend == "cpu" and "vmap" in args.strategies and (wl.epochs == 1 or args.include_slow):
@@ -415,17 +418,17 @@ def markdown(result: dict, cap_s: float) -> str:
          f"E={info['epochs']}, B={info['batch_size']}, {info['samples_per_round']:,} samples/round, "
          f"engine unroll={info['unroll']}", "",
          "| strategy | compile (s) | first round (s) | steady s/round (n) | rounds/s | samples/s | peak RSS MiB (at start) "
-         "| vs plain sequential |",
-         "|---|---|---|---|---|---|---|---|"]
+         "| vs plain sequential | cores used |",
+         "|---|---|---|---|---|---|---|---|---|"]
   for r in result["rows"]:
     dev = f" (dev {r['device_peak_mib']:.0f})" if r["device_peak_mib"] is not None else ""
     sp = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] is not None else "–"
     name = "plain sequential (ReferenceFedAvg)" if r["strategy"] == "reference" else r["strategy"]
     out.append(f"| {name} | {r['compile_s']:.2f} | {r['first_round_s']:.2f} | {r['round_s_median']:.3f} ({len(r['round_s'])}) | "
                f"{r['rounds_per_s']:.3f} | {r['samples_per_s']:,.0f} | {r['peak_rss_mib']:,.0f} "
-               f"({r['rss_before_mib']:,.0f}){dev} | {sp} |")
+               f"({r['rss_before_mib']:,.0f}){dev} | {sp} | {r['process_cpu_cores']:.2f} |")
   for label in result.get("skipped", []):
-    out.append(f"| {label} | skipped (pass --include-slow) | | | | | | |")
+    out.append(f"| {label} | skipped (pass --include-slow) | | | | | | | |")
   trap = result.get("trap_vmap_scan")
   if trap:
     base = next((r for r in result["rows"] if r["strategy"] == "reference"), None)
@@ -435,10 +438,10 @@ def markdown(result: dict, cap_s: float) -> str:
       rps = 1.0 / s
       sp = f"{rps / base['rounds_per_s']:.3f}x" if base else "–"
       out.append(f"| vmap, plain scan (unroll=1) | {comp} | – | {s:.2f} | {rps:.4f} | "
-                 f"{info['samples_per_round'] / s:,.0f} | – | {sp} |")
+                 f"{info['samples_per_round'] / s:,.0f} | – | {sp} | – |")
     else:
       out.append(f"| vmap, plain scan (unroll=1) | {comp} | – | > {cap_s:.0f} (stopped) | < {1 / cap_s:.4f} | – | – "
-                 f"| – |")
+                 f"| – | – |")
   diffs = result.get("max_abs_diff") or {}
   if diffs:
     out += ["", f"Round-1 global params, max abs difference vs {result['agreement_vs']}: "
@@ -479,6 +482,11 @@ def parse_args(argv=None):
     names += [n for n in WORKLOAD_GROUPS.get(w, (w,)) if n not in names]
   args.workloads = names
   return args
+
+
+def _cpu_seconds() -> float:
+  t = os.times()
+  return t.user + t.system
 
 
 def _cpu_info() -> str:
