@@ -91,7 +91,10 @@ def reference_set(cohort: Cohort, knowledge: str) -> jax.Array:
 
 
 def benign_reference(cohort: Cohort, knowledge: str) -> jax.Array:
-  """Stand-in for "the benign updates": the true benign participants ('full') or the attacker's own honest ones ('partial')."""
+  """Stand-in for "the benign updates".
+
+  The true benign participants ('full') or the attackers' own honest ones ('partial').
+  """
   if knowledge == "full":
     return cohort.benign
   if knowledge == "partial":

@@ -20,7 +20,7 @@ per-channel MAXIMUM of the real training pixels (a "white" pixel).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

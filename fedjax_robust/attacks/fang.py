@@ -114,9 +114,12 @@ def fang_krum(direction: str = "change", knowledge: str = "full", lambda_min: fl
   participants) over [crafted at the malicious rows, honest elsewhere] picks a
   malicious row, stop; else halve. If nothing succeeds the last lambda tried is
   used (as the code). ``knowledge='full'`` (spec default): the benign reference
-  is the true benign participants; ``'partial'``: the attackers' own honest
-  updates (Fang's partial knowledge). ``krum_compat`` uses the FedCC code's
-  quirky Krum distance in the success check.
+  (``lambda_0``, direction) is the true benign participants and the simulated
+  Krum runs on the real cohort; ``'partial'`` (Fang's partial knowledge): the
+  attackers' own honest updates stand in for the benign ones, ``lambda_0`` uses
+  n = 2M, and the simulated Krum runs over the M crafted + M honest attacker
+  updates. ``krum_compat`` uses the FedCC code's quirky Krum distance in the
+  success check.
   """
   _check("direction", direction, DIRECTIONS)
   _check("knowledge", knowledge, ("full", "partial"))
@@ -125,20 +128,27 @@ def fang_krum(direction: str = "change", knowledge: str = "full", lambda_min: fl
     c = prepare(updates, malicious, context)
     ref = benign_reference(c, knowledge)
     s = _direction(c, context, direction, ref, "fang_krum").astype(c.flat.dtype)
-    lam0 = fang_lambda0(c.flat, ref, c.n, c.m)
-    base = krum_distances(c.flat, krum_compat)
-    both_mal = c.mal[:, None] & c.mal[None, :]
-    one_mal = c.mal[:, None] ^ c.mal[None, :]
+    if knowledge == "full":  # simulate the real Krum: crafted rows + the true benign uploads
+      sim_flat, sim_mal, sim_mask, n_sim = c.flat, c.mal, c.mask, c.n
+    else:  # Fang's partial knowledge: Krum over the crafted rows + the attackers' own honest updates
+      sim_flat = jnp.concatenate([c.flat, c.flat])
+      sim_mal = jnp.concatenate([c.mal, jnp.zeros_like(c.mal)])
+      sim_mask = jnp.concatenate([c.mal, c.mal])
+      n_sim = 2 * c.m
+    lam0 = fang_lambda0(c.flat, ref, n_sim, c.m)
+    base = krum_distances(sim_flat, krum_compat)
+    both_mal = sim_mal[:, None] & sim_mal[None, :]
+    one_mal = sim_mal[:, None] ^ sim_mal[None, :]
 
     def picks_malicious(lam):
       crafted = -lam * s
       if krum_compat:
-        to_crafted = jnp.sqrt(jnp.sum((c.flat - crafted) ** 4, axis=1))
+        to_crafted = jnp.sqrt(jnp.sum((sim_flat - crafted) ** 4, axis=1))
       else:
-        to_crafted = row_sq_dists(c.flat, crafted)
-      other = jnp.where(c.mal[:, None], to_crafted[None, :], to_crafted[:, None])  # the honest end's row
+        to_crafted = row_sq_dists(sim_flat, crafted)
+      other = jnp.where(sim_mal[:, None], to_crafted[None, :], to_crafted[:, None])  # the honest end's row
       dist = jnp.where(both_mal, 0.0, jnp.where(one_mal, other, base))
-      return c.mal[jnp.argmin(krum_scores_from_dists(dist, c.mask, c.m, krum_compat))]
+      return sim_mal[jnp.argmin(krum_scores_from_dists(dist, sim_mask, c.m, krum_compat))]
 
     def cond(state):
       lam, _, done, it = state
