@@ -48,7 +48,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.algorithm = ml_collections.ConfigDict({
       "name": "fedavg",  # one of ALGORITHMS
       "mu": 0.01,  # FedProx proximal weight (used by 'fedprox')
-      "finetune_epochs": 1,  # FedAvg-FT local fine-tuning before evaluation (used by 'fedavg_ft')
+      "ft_mode": "last_local",  # FedAvg-FT: 'last_local' (FedCAP spec §3) or 'finetune' (fine-tune at eval)
+      "finetune_epochs": 1,  # FedAvg-FT with ft_mode='finetune': local epochs from the global model
   })
   c.client = ml_collections.ConfigDict({
       "epochs": 1,
@@ -132,7 +133,7 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec) -> FedAlgorithm:
                        persist_client_opt_state=persist, name="fedprox")
   if name == "fedavg_ft":
     return make_fedavg(apply_fn, client_opt, spec, server_opt, finetune_epochs=int(config.algorithm.finetune_epochs),
-                       persist_client_opt_state=persist, name="fedavg_ft")
+                       persist_client_opt_state=persist, name="fedavg_ft", ft_mode=config.algorithm.ft_mode)
   if name == "local":
     return make_local(apply_fn, client_opt, spec)
   raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")

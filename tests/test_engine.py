@@ -204,12 +204,35 @@ def test_fedavg_ft_evaluates_finetuned_models():
   data, params, apply_fn = setup()
   spec = LocalTrainSpec(epochs=1, batch_size=4)
   plain = Simulator(make_fedavg(apply_fn, optax.sgd(0.1), spec), data, apply_fn)
-  ft = Simulator(make_fedavg(apply_fn, optax.sgd(0.1), spec, finetune_epochs=5), data, apply_fn)
+  ft = Simulator(make_fedavg(apply_fn, optax.sgd(0.1), spec, finetune_epochs=5, ft_mode="finetune"), data, apply_fn)
   s1, _ = plain.run_round(plain.init(params))
   s2, _ = ft.run_round(ft.init(params))
   m1, m2 = plain.evaluate(s1), ft.evaluate(s2)
   assert m1["global_test_acc"] == m2["global_test_acc"]  # same global model
   assert m1["client_acc"] != m2["client_acc"]  # but a different per-client model
+
+
+def test_fedavg_ft_last_local_scores_each_clients_last_trained_model():
+  """FedCAP's FedAvg-FT: a client is scored with the model it trained in its last round; unsampled ones keep init."""
+  data, params, apply_fn = setup()
+  spec = LocalTrainSpec(epochs=1, batch_size=4)
+  alg = make_fedavg(apply_fn, optax.sgd(0.1), spec, ft_mode="last_local")
+  sim = Simulator(alg, data, apply_fn, cohort_size=2)
+  state = sim.init(params)
+  prep = sim._prepare(state, sim.train)
+  out = sim._map_clients(prep)
+  state, _ = sim.run_round(state)
+  cohort = np.asarray(prep.cohort)
+  for i, k in enumerate(cohort):
+    trained = jax.tree.map(lambda d, p: p + d[i], out.upload["delta"], params)
+    assert_trees_close(jax.tree.map(lambda a: a[k], state.clients["params"]), trained, atol=1e-6)
+  other = next(k for k in range(4) if k not in cohort)
+  assert_trees_close(jax.tree.map(lambda a: a[other], state.clients["params"]), params, atol=0)
+  m = sim.evaluate(state)
+  by_hand = [np.mean(np.argmax(np.asarray(apply_fn(jax.tree.map(lambda a: a[k], state.clients["params"]),
+                                                   data.x_test[k, : data.n_test[k]])), -1)
+                     == data.y_test[k, : data.n_test[k]]) for k in range(4)]
+  np.testing.assert_allclose(m["client_acc"], by_hand)
 
 
 def test_evaluation_counts_by_hand():

@@ -2,7 +2,8 @@
 
 Train+test merged, 600 images per class (6,000 in all, 300 per client), 75/25 per-client split,
 Normalize(0.5, 0.5), the artifact's FedAvgCNN (fc 64, 156,810 params), SGD lr 0.01, batch 10,
-5 local epochs, unshuffled drop_last training loaders, 100 rounds. Algorithm: FedAvg-FT (a FedCAP baseline);
+5 local epochs, unshuffled drop_last training loaders, 100 rounds. Algorithm: FedAvg-FT (a FedCAP baseline,
+each client scored with its locally updated model);
 switch with --config.algorithm.name=fedavg|fedprox|local.
 
 Needs the CIFAR-10 files: --config.data.data_dir=../shared/data (or FEDJAX_ROBUST_DATA_DIR).
@@ -26,7 +27,7 @@ def get_config():
   c.model.name = "fedavg_cnn"
   c.model.fc_dim = 64
   c.algorithm.name = "fedavg_ft"
-  c.algorithm.finetune_epochs = 1
+  c.algorithm.ft_mode = "last_local"
   c.client.epochs = 5
   c.client.batch_size = 10
   c.client.drop_last = True

@@ -6,8 +6,12 @@
   (``w ← w + Δ`` for plain averaging; FedAvgM / FedAdam per Reddi et al. 2021).
 * FedProx (Li et al. 2020, Eq. 2): the local objective adds
   ``μ/2 · ||w - w^t||²``; ``μ = 0`` is exactly FedAvg.
-* FedAvg-FT: FedAvg, but each client's evaluation model is the global model
-  fine-tuned for ``finetune_epochs`` on its own training data (FedCAP's baseline).
+* FedAvg-FT: FedAvg, but each client is scored with a locally updated model.
+  ``ft_mode="last_local"`` (FedCAP spec §3, the default): the model the client
+  produced in the last round it took part in (E local epochs from that round's
+  global model; clients never sampled keep the initial model).
+  ``ft_mode="finetune"``: the current global model fine-tuned for
+  ``finetune_epochs`` on the client's training data at evaluation time.
 * Local / Separate: no communication; every client trains its own model from the
   common initialisation.
 """
@@ -70,8 +74,12 @@ def make_fedavg(
     finetune_epochs: int = 0,
     persist_client_opt_state: bool = False,
     name: str = "fedavg",
+    ft_mode: str | None = None,
 ) -> FedAlgorithm:
-  """FedAvg, FedProx (``mu > 0``) or FedAvg-FT (``finetune_epochs > 0``).
+  """FedAvg, FedProx (``mu > 0``) or FedAvg-FT (``ft_mode`` set).
+
+  ``ft_mode``: None (score every client with the global model), ``"last_local"``
+  or ``"finetune"`` (with ``finetune_epochs``), see the module docstring.
 
   ``persist_client_opt_state`` keeps each client's optimizer state (e.g.
   momentum) across the rounds it participates in, as PyTorch FL code that builds
@@ -79,8 +87,11 @@ def make_fedavg(
   """
   if mu < 0:
     raise ValueError(f"FedProx mu must be >= 0, got {mu}")
-  if finetune_epochs < 0:
-    raise ValueError(f"finetune_epochs must be >= 0, got {finetune_epochs}")
+  if ft_mode not in (None, "last_local", "finetune"):
+    raise ValueError(f"ft_mode must be None, 'last_local' or 'finetune', got {ft_mode!r}")
+  if ft_mode == "finetune" and finetune_epochs < 1:
+    raise ValueError(f"ft_mode='finetune' needs finetune_epochs >= 1, got {finetune_epochs}")
+  keep_local = ft_mode == "last_local"
   server_opt = server_opt or optax.sgd(1.0)
   finetune_spec = spec._replace(epochs=finetune_epochs)
 
@@ -88,7 +99,8 @@ def make_fedavg(
     return ServerState(params, server_opt.init(params))
 
   def init_client(params):
-    return {"opt_state": client_opt.init(params)} if persist_client_opt_state else {}
+    state = {"opt_state": client_opt.init(params)} if persist_client_opt_state else {}
+    return {**state, "params": params} if keep_local else state
 
   def broadcast(state: ServerState):
     return state.params
@@ -97,7 +109,9 @@ def make_fedavg(
     opt_state = client_state["opt_state"] if persist_client_opt_state else client_opt.init(global_params)
     loss_fn = classification_loss(apply_fn, global_params, mu)
     params, opt_state, metrics = local_train(loss_fn, client_opt, global_params, opt_state, data, key, spec)
-    new_state = {"opt_state": opt_state} if persist_client_opt_state else client_state
+    new_state = {"opt_state": opt_state} if persist_client_opt_state else {}
+    if keep_local:
+      new_state["params"] = params
     return ClientOutput({"delta": tree_sub(params, global_params)}, new_state, metrics)
 
   def server_update(state: ServerState, uploads, weights, key):
@@ -105,7 +119,9 @@ def make_fedavg(
     return apply_server_update(server_opt, state, weighted_mean(uploads["delta"], weights)), {}
 
   def personal_params(global_params, client_state, data: ClientData, key):
-    if finetune_epochs == 0:
+    if keep_local:
+      return client_state["params"]
+    if ft_mode is None:
       return global_params
     loss_fn = classification_loss(apply_fn)
     params, _, _ = local_train(loss_fn, client_opt, global_params, client_opt.init(global_params), data, key,
