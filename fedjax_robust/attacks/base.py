@@ -144,16 +144,20 @@ def pairwise_sq_dists(flat: jax.Array) -> jax.Array:
 # ------------------------------------------------------------------------------------- engine adapter
 def as_upload_transform(attack: ModelAttack, malicious_clients, field: str = "delta",
                         context: Optional[dict] = None):
-  """Adapts ``attack`` to the engine hook ``upload_transform(uploads, cohort, key) -> uploads``.
+  """Adapts ``attack`` to the engine hook ``upload_transform(uploads, cohort, key[, context]) -> uploads``.
 
   ``malicious_clients`` is the ``[K]`` bool mask of attacker-controlled clients
   (e.g. :func:`fedjax_robust.attacks.choose_malicious`); the cohort's rows are
-  looked up in it. ``context`` is passed through unchanged (static extras).
+  looked up in it. The engine's per-round ``context`` (``global_params``,
+  ``weights``, ``round``; ``None`` entries are dropped) is merged over the
+  static ``context`` given here.
   """
   mal_k = jnp.asarray(malicious_clients).astype(bool)
+  static = dict(context or {})
 
-  def transform(uploads, cohort, key):
-    poisoned = attack.apply(uploads[field], mal_k[cohort], key, context)
+  def transform(uploads, cohort, key, round_context: Optional[dict] = None):
+    ctx = {**static, **{k: v for k, v in (round_context or {}).items() if v is not None}}
+    poisoned = attack.apply(uploads[field], mal_k[cohort], key, ctx)
     return {**uploads, field: poisoned}
 
   return transform
