@@ -29,10 +29,12 @@ from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData
 from fedjax_robust.execution import VmapStrategy, is_traceable
 from fedjax_robust.metrics import count_correct
+from fedjax_robust.metrics.security import detection_rates
 
 PyTree = Any
-# transform(uploads, cohort, key) -> uploads: the hook where attacks act on the stacked uploads.
-UploadTransform = Callable[[PyTree, jax.Array, jax.Array], PyTree]
+# transform(uploads, cohort, key, context) -> uploads: the hook where attacks act on the stacked uploads.
+# context: {"global_params": server model or None, "weights": [C] aggregation weights, "round": int32}.
+UploadTransform = Callable[[PyTree, jax.Array, jax.Array, dict], PyTree]
 
 
 class SimState(NamedTuple):
@@ -100,12 +102,16 @@ class Simulator:
     apply_fn: ``(params, x) -> logits`` used for evaluation.
     strategy: execution strategy of the client axis (default ``vmap``).
     cohort_size: clients per round (fixed, so shapes are static); default all.
-    upload_transform: optional ``(uploads, cohort, key) -> uploads`` (attacks).
+    upload_transform: optional ``(uploads, cohort, key, context) -> uploads`` (attacks).
+    malicious: optional ``[K]`` bool, the attacker-controlled clients: evaluation
+      then also reports accuracy over benign clients only, and rounds whose
+      aggregator flags clients report detection rates against it.
     eval_batch_size: rows scored per batch during evaluation.
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
-               upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024):
+               upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
+               malicious: Optional[np.ndarray] = None):
     self.algorithm = algorithm
     self.apply_fn = apply_fn
     self.strategy = strategy or VmapStrategy()
@@ -114,6 +120,9 @@ class Simulator:
     if not 1 <= self.cohort_size <= self.num_clients:
       raise ValueError(f"cohort_size must be in [1, {self.num_clients}], got {self.cohort_size}")
     self.upload_transform = upload_transform
+    self.malicious = None if malicious is None else np.asarray(malicious, bool)
+    if self.malicious is not None and self.malicious.shape != (self.num_clients,):
+      raise ValueError(f"malicious must be a [{self.num_clients}] bool mask, got shape {self.malicious.shape}")
     self.eval_batch_size = int(eval_batch_size)
     self.train = _to_client_data(data.x_train, data.y_train, data.n_train)
     self.test = _to_client_data(data.x_test, data.y_test, data.n_test)
@@ -143,7 +152,9 @@ class Simulator:
   def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput):
     uploads = out.upload
     if self.upload_transform is not None:
-      uploads = self.upload_transform(uploads, prep.cohort, prep.aux_key)
+      context = {"global_params": self.algorithm.global_params(state.server), "weights": prep.weights,
+                 "round": state.round}
+      uploads = self.upload_transform(uploads, prep.cohort, prep.aux_key, context)
     server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key)
     clients = _scatter(state.clients, prep.cohort, out.state)
     steps = out.metrics["steps"]
@@ -152,6 +163,9 @@ class Simulator:
         "local_steps": jnp.sum(steps),
         **diagnostics,
     }
+    if self.malicious is not None and "flagged" in diagnostics:
+      rates = detection_rates(diagnostics["flagged"], jnp.asarray(self.malicious)[prep.cohort])
+      metrics.update({f"detection_{k}": v for k, v in rates.items()})
     return SimState(state.round + 1, server, clients, state.key), metrics
 
   def _build(self):
@@ -212,4 +226,8 @@ class Simulator:
     metrics["client_acc_mean"] = float(acc.mean())
     metrics["client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
     metrics["client_acc"] = acc.tolist()
+    if self.malicious is not None:
+      benign = ~self.malicious
+      metrics["benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
+      metrics["benign_acc_mean"] = float(acc[benign].mean()) if benign.any() else float("nan")
     return metrics

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_robust.aggregators import weighted_mean
+from fedjax_robust.aggregators import Aggregator, weighted_mean
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 
@@ -75,11 +75,20 @@ def make_fedavg(
     persist_client_opt_state: bool = False,
     name: str = "fedavg",
     ft_mode: str | None = None,
+    aggregator: Aggregator | None = None,
+    root_data: ClientData | None = None,
 ) -> FedAlgorithm:
   """FedAvg, FedProx (``mu > 0``) or FedAvg-FT (``ft_mode`` set).
 
   ``ft_mode``: None (score every client with the global model), ``"last_local"``
   or ``"finetune"`` (with ``finetune_epochs``), see the module docstring.
+
+  ``aggregator``: a robust rule from :mod:`fedjax_robust.aggregators` replacing
+  the sample-weighted mean; its flagged clients and effective weights are
+  returned as round diagnostics. ``root_data``: the server's clean root dataset
+  (FLTrust): each round the server trains on it from the global model with the
+  clients' optimizer and local schedule, and passes the resulting update to the
+  rule as ``context["reference_update"]``.
 
   ``persist_client_opt_state`` keeps each client's optimizer state (e.g.
   momentum) across the rounds it participates in, as PyTorch FL code that builds
@@ -115,8 +124,18 @@ def make_fedavg(
     return ClientOutput({"delta": tree_sub(params, global_params)}, new_state, metrics)
 
   def server_update(state: ServerState, uploads, weights, key):
-    del key
-    return apply_server_update(server_opt, state, weighted_mean(uploads["delta"], weights)), {}
+    if aggregator is None:
+      return apply_server_update(server_opt, state, weighted_mean(uploads["delta"], weights)), {}
+    root_key, agg_key = jax.random.split(key)
+    context = {"global_params": state.params}
+    if root_data is not None:
+      root_params, _, _ = local_train(classification_loss(apply_fn), client_opt, state.params,
+                                      client_opt.init(state.params), root_data, root_key, spec)
+      context["reference_update"] = tree_sub(root_params, state.params)
+    mask = jnp.ones(weights.shape, bool)
+    result = aggregator.aggregate(uploads["delta"], weights, mask, agg_key, context)
+    diagnostics = {"flagged": result.flagged, "aggregation_weights": result.weights}
+    return apply_server_update(server_opt, state, result.update), diagnostics
 
   def personal_params(global_params, client_state, data: ClientData, key):
     if keep_local:
