@@ -177,30 +177,27 @@ def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = Tru
 def _closest_to_median_leaf(x: jax.Array, selected: jax.Array, theta, beta):
   """Per coordinate, the mean of the ``beta`` selected values closest to the selected values' median.
 
-  Distance ties are broken by value (so the result is permutation invariant);
-  client weights split exact ties evenly.
+  Values tied in distance at the cut (e.g. ``med - a`` and ``med + a``) share
+  the remaining slots evenly, so the result is permutation invariant and equals
+  the client-weight-weighted mean.
   """
   c = x.shape[0]
   shape = x.shape[1:]
   acc = jnp.promote_types(x.dtype, jnp.float32)
   xf = x.reshape(c, -1).astype(acc)
   sb = selected[:, None]
-  xs = jnp.where(sb, xf, jnp.inf)
-  s = jnp.sort(xs, axis=0)
+  s = jnp.sort(jnp.where(sb, xf, jnp.inf), axis=0)
   lo = jax.lax.dynamic_index_in_dim(s, (theta - 1) // 2, axis=0, keepdims=True)
   hi = jax.lax.dynamic_index_in_dim(s, theta // 2, axis=0, keepdims=True)
   med = 0.5 * (lo + hi)
   dist = jnp.where(sb, jnp.abs(xf - med), jnp.inf)
-  sd, sx = jax.lax.sort((dist, xs), dimension=0, num_keys=2)
-  keep = jnp.arange(c)[:, None] < beta
+  cut = jax.lax.dynamic_index_in_dim(jnp.sort(dist, axis=0), beta - 1, axis=0, keepdims=True)
+  less = sb & (dist < cut)
+  equal = sb & (dist == cut)
   betaf = beta.astype(acc)
-  agg = jnp.sum(jnp.where(keep, sx, 0.0), axis=0) / betaf
-  agg = jnp.where(jnp.any(selected), agg, 0.0)
-  td = jax.lax.dynamic_index_in_dim(sd, beta - 1, axis=0, keepdims=True)
-  tx = jax.lax.dynamic_index_in_dim(sx, beta - 1, axis=0, keepdims=True)
-  less = sb & ((dist < td) | ((dist == td) & (xf < tx)))
-  equal = sb & (dist == td) & (xf == tx)
   n_less = jnp.sum(less, axis=0, keepdims=True).astype(acc)
   n_equal = jnp.maximum(jnp.sum(equal, axis=0, keepdims=True), 1).astype(acc)
   part = jnp.where(less, 1.0, jnp.where(equal, (betaf - n_less) / n_equal, 0.0))
+  agg = jnp.sum(part * jnp.where(sb, xf, 0.0), axis=0) / betaf
+  agg = jnp.where(jnp.any(selected), agg, 0.0)
   return agg.reshape(shape).astype(x.dtype), jnp.sum(part, axis=1) / betaf
