@@ -23,9 +23,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from fedjax_robust import attacks
+from fedjax_robust.aggregators import aggregator_from_config
+from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
-from fedjax_robust.client import LocalTrainSpec
+from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
 from fedjax_robust.models import get_model_from_config, init_params
@@ -68,6 +71,22 @@ def default_config() -> ml_collections.ConfigDict:
       "momentum": 0.0,
       "participation": 1.0,  # fraction of clients sampled per round (cohort = round(fraction * K))
       "cohort_size": 0,  # if > 0, overrides participation
+      "root_dataset_size": 100,  # FLTrust: clean samples drawn from the pooled training data before poisoning
+  })
+  c.attack = ml_collections.ConfigDict({
+      # Model poisoning of the malicious clients' uploads: none | sign_flip | scaling | gaussian | lie | min_max |
+      # min_sum | ipm | fang_krum | fang_median | fang_trimmed_mean | boosting (fedjax_robust/attacks/registry.py).
+      "name": "none",
+      "params": ml_collections.ConfigDict(),  # the attack's parameters, e.g. {"knowledge": "partial"}
+      "fraction": 0.3,  # share of clients that are malicious (int(K * fraction)), fixed for the whole run
+      "seed": 0,  # which clients are malicious
+      "legacy_numpy_selection": False,  # FedCAP's np.random.seed(seed); choice(K, int(K*p)) ids
+      "data": ml_collections.ConfigDict(attacks.default_poison_config()),  # data poisoning: kind none | label_flip | backdoor | dba
+  })
+  c.aggregator = ml_collections.ConfigDict({
+      # Server aggregation rule: mean | median | trimmed_mean | krum | multi_krum | bulyan | rfa | norm_clipping |
+      # centered_clipping | fltrust | clustered | flare | bucketing | gas, plus the rule's own parameters.
+      "name": "mean",
   })
   c.engine = ml_collections.ConfigDict({
       "strategy": "auto",  # auto | vmap | shard_map | sequential
@@ -94,6 +113,7 @@ class Experiment:
   simulator: Simulator
   strategy: str
   unroll: bool | int
+  malicious: np.ndarray | None = None
 
   def init_state(self) -> SimState:
     return self.simulator.init(self.params, self.config.seed)
@@ -121,20 +141,38 @@ def cohort_size(config, num_clients: int) -> int:
   return max(1, int(round(frac * num_clients)))
 
 
-def make_algorithm(config, apply_fn, spec: LocalTrainSpec) -> FedAlgorithm:
+def _uses_rule(cfg, rule: str) -> bool:
+  """Whether an aggregator config (or a wrapped ``inner`` one) is ``rule``."""
+  return cfg is not None and (cfg.get("name") == rule or _uses_rule(cfg.get("inner"), rule))
+
+
+def root_dataset(data, size: int, seed: int) -> ClientData:
+  """FLTrust's clean server dataset: ``size`` rows drawn uniformly from all clients' (unpoisoned) training data."""
+  rows = [(k, i) for k in range(data.num_clients) for i in range(int(data.n_train[k]))]
+  if not 0 < size <= len(rows):
+    raise ValueError(f"server.root_dataset_size must be in [1, {len(rows)}], got {size}")
+  pick = np.random.default_rng(seed).choice(len(rows), size, replace=False)
+  k, i = np.asarray(rows)[pick].T
+  return ClientData(jnp.asarray(data.x_train[k, i]), jnp.asarray(data.y_train[k, i], jnp.int32), jnp.int32(size))
+
+
+def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None) -> FedAlgorithm:
   name = config.algorithm.name
   client_opt = optimizer_from_config(config.client)
   server_opt = optimizer_from_config(config.server)
   persist = bool(config.client.persist_optimizer_state)
+  common = dict(persist_client_opt_state=persist, aggregator=aggregator, root_data=root_data)
   if name == "fedavg":
-    return make_fedavg(apply_fn, client_opt, spec, server_opt, persist_client_opt_state=persist)
+    return make_fedavg(apply_fn, client_opt, spec, server_opt, **common)
   if name == "fedprox":
-    return make_fedavg(apply_fn, client_opt, spec, server_opt, mu=float(config.algorithm.mu),
-                       persist_client_opt_state=persist, name="fedprox")
+    return make_fedavg(apply_fn, client_opt, spec, server_opt, mu=float(config.algorithm.mu), name="fedprox",
+                       **common)
   if name == "fedavg_ft":
     return make_fedavg(apply_fn, client_opt, spec, server_opt, finetune_epochs=int(config.algorithm.finetune_epochs),
-                       persist_client_opt_state=persist, name="fedavg_ft", ft_mode=config.algorithm.ft_mode)
+                       name="fedavg_ft", ft_mode=config.algorithm.ft_mode, **common)
   if name == "local":
+    if aggregator is not None:
+      raise ValueError("algorithm 'local' aggregates nothing; leave aggregator.name='mean'")
     return make_local(apply_fn, client_opt, spec)
   raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
 
@@ -142,6 +180,23 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec) -> FedAlgorithm:
 def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment:
   """Loads data, builds the model, the algorithm and the simulator described by ``config``."""
   data = data if data is not None else build_federated_data(config.data)
+  attack_cfg = config.get("attack")
+  malicious, attack, backdoor = None, None, None
+  if attack_cfg is not None and (attack_cfg.name != "none" or attack_cfg.data.kind != "none"):
+    malicious = attacks.choose_malicious(data.num_clients, float(attack_cfg.fraction), int(attack_cfg.seed),
+                                         legacy_numpy=bool(attack_cfg.legacy_numpy_selection))
+    logger.info("malicious clients (%d of %d): %s", malicious.sum(), data.num_clients, np.flatnonzero(malicious))
+    clean = data
+    data = attacks.poison_federated_data(data, malicious, attack_cfg.data)
+    if attack_cfg.name != "none":
+      attack = attacks.attack_from_config({"name": attack_cfg.name, **attack_cfg.params.to_dict()})
+    if attack_cfg.data.kind in ("backdoor", "dba"):
+      trigger, value = backdoor_trigger(clean, attack_cfg.data)
+      x_bd, y_bd = attacks.triggered_test_set(data.x_global_test, data.y_global_test, trigger,
+                                              attack_cfg.data.target_label, value)
+      backdoor = (x_bd, int(attack_cfg.data.target_label))
+  else:
+    clean = data
   model = get_model_from_config(config.model, data.num_classes)
   params = init_params(model, jax.random.key(config.seed), data.feature_shape)
   apply_fn = lambda p, x: model.apply({"params": p}, x)
@@ -156,10 +211,18 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   if strategy_name == "auto":
     strategy_name = default_strategy_name(backend, conv, jax.device_count())
   strategy = make_strategy(strategy_name, config.engine.num_devices or None)
-  algorithm = make_algorithm(config, apply_fn, spec)
-  simulator = Simulator(algorithm, data, apply_fn, strategy, cohort_size(config, data.num_clients),
-                        eval_batch_size=int(config.engine.eval_batch_size))
-  return Experiment(config, data, model, params, algorithm, simulator, strategy_name, unroll)
+  cohort = cohort_size(config, data.num_clients)
+  agg_cfg = config.get("aggregator")
+  aggregator, root_data = None, None
+  if agg_cfg is not None and agg_cfg.name != "mean":
+    aggregator = aggregator_from_config(agg_cfg, num_clients=cohort)
+    if _uses_rule(agg_cfg, "fltrust"):
+      root_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
+  algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data)
+  transform = attacks.as_upload_transform(attack, malicious) if attack is not None else None
+  simulator = Simulator(algorithm, data, apply_fn, strategy, cohort, upload_transform=transform,
+                        eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor)
+  return Experiment(config, data, model, params, algorithm, simulator, strategy_name, unroll, malicious)
 
 
 # ------------------------------------------------------------------------------------------ run directory
@@ -214,6 +277,18 @@ def partition_record(data) -> dict:
   }
 
 
+def round_record(round_index: int, metrics: dict) -> dict:
+  """Host-side record of a round: every scalar metric, plus the ids of the clients the aggregator flagged."""
+  record: dict[str, Any] = {"round": round_index}
+  for key, value in metrics.items():
+    value = np.asarray(value)
+    if value.ndim == 0:
+      record[key] = value.item()
+  if "flagged" in metrics:
+    record["flagged_clients"] = np.asarray(metrics["cohort"])[np.asarray(metrics["flagged"])].tolist()
+  return record
+
+
 def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike | None = None) -> dict:
   """Runs ``config.rounds`` rounds, evaluating every ``config.eval_every`` rounds and after the last one.
 
@@ -228,6 +303,9 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   writer = RunWriter(Path(run_dir))
   writer.write_json("config.json", json.loads(config.to_json_best_effort()))
   writer.write_json("partition.json", partition_record(exp.data))
+  if exp.malicious is not None:
+    writer.write_json("malicious.json", {"malicious_clients": np.flatnonzero(exp.malicious).tolist(),
+                                         "poisoning": exp.data.info.get("poisoning")})
   sim = exp.simulator
   logger.info("devices: %s | backend %s | strategy %s | unroll %s | cohort %d of %d clients",
               jax.devices(), jax.default_backend(), exp.strategy, exp.unroll, sim.cohort_size, sim.num_clients)
@@ -243,7 +321,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   record: dict[str, Any] = {}
   for t in range(1, config.rounds + 1):
     state, metrics = sim.run_round(state)
-    record = {"round": t, "train_loss": float(metrics["train_loss"])}
+    record = round_record(t, metrics)
     if t % config.eval_every == 0 or t == config.rounds:
       record.update(sim.evaluate(state))
     record["elapsed_s"] = time.perf_counter() - t0

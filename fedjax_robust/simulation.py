@@ -29,7 +29,7 @@ from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData
 from fedjax_robust.execution import VmapStrategy, is_traceable
 from fedjax_robust.metrics import count_correct
-from fedjax_robust.metrics.security import detection_rates
+from fedjax_robust.metrics.security import attack_success_rate, backdoor_confidence, detection_rates
 
 PyTree = Any
 # transform(uploads, cohort, key, context) -> uploads: the hook where attacks act on the stacked uploads.
@@ -106,12 +106,15 @@ class Simulator:
     malicious: optional ``[K]`` bool, the attacker-controlled clients: evaluation
       then also reports accuracy over benign clients only, and rounds whose
       aggregator flags clients report detection rates against it.
+    backdoor: optional ``(triggered_inputs, target_label)``: evaluation then
+      reports the global model's attack success rate (share classified as the
+      target) and backdoor confidence (mean softmax probability of the target).
     eval_batch_size: rows scored per batch during evaluation.
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
                upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
-               malicious: Optional[np.ndarray] = None):
+               malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None):
     self.algorithm = algorithm
     self.apply_fn = apply_fn
     self.strategy = strategy or VmapStrategy()
@@ -127,6 +130,7 @@ class Simulator:
     self.train = _to_client_data(data.x_train, data.y_train, data.n_train)
     self.test = _to_client_data(data.x_test, data.y_test, data.n_test)
     self.global_test = (jnp.asarray(data.x_global_test), jnp.asarray(data.y_global_test, jnp.int32))
+    self.backdoor = None if backdoor is None else (jnp.asarray(backdoor[0]), int(backdoor[1]))
     self._build()
 
   # ----------------------------------------------------------------------------------- state
@@ -161,6 +165,7 @@ class Simulator:
     metrics = {
         "train_loss": jnp.sum(out.metrics["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1),
         "local_steps": jnp.sum(steps),
+        "cohort": prep.cohort,
         **diagnostics,
     }
     if self.malicious is not None and "flagged" in diagnostics:
@@ -185,6 +190,12 @@ class Simulator:
       self._round = round_fn
     self._eval_clients = self._build_client_eval()
     self._eval_global = jax.jit(functools.partial(count_correct, self.apply_fn, batch_size=self.eval_batch_size))
+
+    def backdoor_metrics(params, x, target):
+      logits = jax.lax.map(lambda xb: self.apply_fn(params, xb[None])[0], x, batch_size=self.eval_batch_size)
+      return (attack_success_rate(jnp.argmax(logits, -1), target), backdoor_confidence(logits, target))
+
+    self._eval_backdoor = jax.jit(backdoor_metrics)
 
   def run_round(self, state: SimState) -> tuple[SimState, dict]:
     """One federated round; returns the new state and device-side scalar metrics."""
@@ -219,6 +230,9 @@ class Simulator:
     if global_params is not None:
       correct, count = self._eval_global(global_params, *self.global_test)
       metrics["global_test_acc"] = float(correct) / max(int(count), 1)
+      if self.backdoor is not None:
+        asr, confidence = self._eval_backdoor(global_params, *self.backdoor)
+        metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
     correct, count = self._eval_clients(state.server, state.clients, self.train, self.test,
                                         eval_key(state.key, state.round))
     correct, count = np.asarray(correct), np.asarray(count)
