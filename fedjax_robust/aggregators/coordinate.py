@@ -12,8 +12,10 @@ average the order statistics with ranks ``lo..hi`` (inclusive):
 
 Effective client weights: per coordinate, each client gets its share of the
 window (ties split evenly inside a tie group), averaged over all coordinates.
-This is computed from the window's boundary values with elementwise compares
-(no second sort).
+The window's end values come from exact radix selection (``order.py``, no
+sort); the rest is elementwise compares, and the aggregate is the
+share-weighted sum of the inputs (no "total minus trimmed" subtraction, which
+would lose the benign values next to a huge outlier).
 """
 
 from __future__ import annotations
@@ -24,49 +26,59 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_robust.aggregators.base import Aggregator, check_int, finish, num_coordinates, prepare
+from fedjax_robust.aggregators.order import column_tiles, kth_smallest
 
 
-def window_mean_leaf(x: jax.Array, valid: jax.Array, lo, hi):
-  """``(agg [...], contrib [C])`` for one leaf ``x`` [C, ...].
+def next_value(x: jax.Array, valid: jax.Array, v: jax.Array, r) -> jax.Array:
+  """The ``(r)``-th smallest per column given ``v`` = the ``(r-1)``-th smallest (one pass instead of a select)."""
+  xv = jnp.where(valid[:, None], x, jnp.nan)
+  le = jnp.sum(xv <= v[None], axis=0)
+  above = jnp.min(jnp.where(xv > v[None], x, jnp.inf), axis=0)
+  return jnp.where(le > r, v, above)
 
-  ``agg`` is the mean of the per-coordinate order statistics ``lo..hi``
-  (0 <= lo <= hi < n); ``contrib[i]`` is client ``i``'s summed weight over the
-  leaf's coordinates (each coordinate distributes a total of 1).
+
+def window_shares(x: jax.Array, valid: jax.Array, v_lo: jax.Array, v_hi: jax.Array, lo, hi) -> jax.Array:
+  """``[C, T]`` share of each value in the rank window ``lo..hi`` whose end values are ``v_lo`` / ``v_hi``.
+
+  Values strictly inside get 1; a tie group at an end of the window splits the
+  window's overlap with its ranks evenly. Each column's shares sum to ``hi-lo+1``.
   """
-  c = x.shape[0]
-  shape = x.shape[1:]
-  acc = jnp.promote_types(x.dtype, jnp.float32)
-  xf = x.reshape(c, -1).astype(acc)
-  vb = valid[:, None]
-  s = jnp.sort(jnp.where(vb, xf, jnp.inf), axis=0)
-  ranks = jnp.arange(c)[:, None]
-  window = (ranks >= lo) & (ranks <= hi)
-  count = (hi - lo + 1).astype(acc)
-  agg = jnp.sum(jnp.where(window, s, 0.0), axis=0) / count
-  agg = jnp.where(jnp.any(valid), agg, 0.0)
+  xv = jnp.where(valid[:, None], x, jnp.nan)  # invalid entries compare False with everything
+  v_lo, v_hi = v_lo[None], v_hi[None]
 
-  v_lo = jax.lax.dynamic_index_in_dim(s, lo, axis=0, keepdims=True)
-  v_hi = jax.lax.dynamic_index_in_dim(s, hi, axis=0, keepdims=True)
-  xv = jnp.where(vb, xf, jnp.nan)  # invalid entries compare False with everything
-
-  def share(v):  # the window's share of each member of the tie group of value v
+  def share(v):
     a = jnp.sum(xv < v, axis=0, keepdims=True)
     b = jnp.sum(xv <= v, axis=0, keepdims=True)
     overlap = jnp.clip(jnp.minimum(b, hi + 1) - jnp.maximum(a, lo), 0, None)
-    return overlap.astype(acc) / jnp.maximum(b - a, 1).astype(acc)
+    return overlap.astype(jnp.float32) / jnp.maximum(b - a, 1).astype(jnp.float32)
 
-  inside = ((xv > v_lo) & (xv < v_hi)).astype(acc)
-  part = jnp.where(xv == v_lo, share(v_lo), jnp.where(xv == v_hi, share(v_hi), inside))
-  contrib = jnp.sum(part, axis=1) / count
-  return agg.reshape(shape).astype(x.dtype), contrib
+  inside = ((xv > v_lo) & (xv < v_hi)).astype(jnp.float32)
+  return jnp.where(xv == v_lo, share(v_lo), jnp.where(xv == v_hi, share(v_hi), inside))
 
 
-def window_mean(p, lo, hi):
-  """Applies :func:`window_mean_leaf` to every leaf; returns ``(aggregate, client weights [C])``."""
+def window_mean(p, lo, hi, adjacent: bool):
+  """``(aggregate, client weights [C])``: per coordinate, the mean of the order statistics ``lo..hi``.
+
+  ``adjacent``: ``hi <= lo + 1`` (medians), so the upper end costs one pass instead of a second select.
+  """
+  valid = p.valid
+  count = (hi - lo + 1).astype(jnp.float32)
+
+  def block(x, col_ok):
+    x = x.astype(jnp.float32)
+    v_lo = kth_smallest(x, valid, lo)
+    v_hi = next_value(x, valid, v_lo, hi) if adjacent else kth_smallest(x, valid, hi)
+    part = window_shares(x, valid, v_lo, v_hi, lo, hi) * col_ok[None, :]
+    agg = jnp.sum(part * jnp.where(valid[:, None], x, 0.0), axis=0) / count
+    return agg, jnp.sum(part, axis=1) / count
+
   leaves, treedef = jax.tree.flatten(p.updates)
-  outs = [window_mean_leaf(u, p.valid, lo, hi) for u in leaves]
-  contrib = sum(o[1] for o in outs) / max(num_coordinates(p.updates), 1)
-  return jax.tree.unflatten(treedef, [o[0] for o in outs]), contrib
+  outs, contrib = [], 0.0
+  for u in leaves:
+    agg, w = column_tiles(block, u.reshape(u.shape[0], -1))
+    outs.append(agg.reshape(u.shape[1:]).astype(u.dtype))
+    contrib = contrib + w
+  return jax.tree.unflatten(treedef, outs), contrib / max(num_coordinates(p.updates), 1)
 
 
 _EVEN = ("mean", "lower", "upper")
@@ -89,7 +101,7 @@ def make_median(even: str = "mean", num_clients: Optional[int] = None) -> Aggreg
     n = jnp.maximum(p.n, 1)
     lo = (n - 1) // 2 if even in ("mean", "lower") else n // 2
     hi = n // 2 if even in ("mean", "upper") else (n - 1) // 2
-    agg, contrib = window_mean(p, lo, hi)
+    agg, contrib = window_mean(p, lo, hi, adjacent=True)
     return finish(p, agg, contrib)
 
   return Aggregator("median", aggregate)
@@ -132,7 +144,7 @@ def make_trimmed_mean(beta: Optional[float] = None, num_trimmed: Optional[int] =
       q_req = jnp.floor(beta * p.n.astype(jnp.float32) + 1e-6).astype(jnp.int32)
     n = jnp.maximum(p.n, 1)
     q = jnp.minimum(q_req, (n - 1) // 2)
-    agg, contrib = window_mean(p, q, n - q - 1)
+    agg, contrib = window_mean(p, q, n - q - 1, adjacent=False)
     return finish(p, agg, contrib, diagnostics={"num_trimmed": q, "condition_ok": (2 * q_req < p.n)})
 
   return Aggregator("trimmed_mean", aggregate)

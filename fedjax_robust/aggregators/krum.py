@@ -33,6 +33,8 @@ import jax.numpy as jnp
 
 from fedjax_robust.aggregators.base import (Aggregator, check_int, combine, finish, finite_scores, num_coordinates,
                                             pairwise_sq_distances, prepare, rank_of)
+from fedjax_robust.aggregators.coordinate import next_value
+from fedjax_robust.aggregators.order import column_tiles, kth_smallest
 
 _DISTANCES = ("squared", "fedcc")
 
@@ -163,10 +165,7 @@ def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = Tru
     _, order = jax.lax.fori_loop(0, steps, pick, (p.valid, jnp.full((c,), -1, jnp.int32)))
     selected = p.valid & (order >= 0)
 
-    leaves, treedef = jax.tree.flatten(p.updates)
-    outs = [_closest_to_median_leaf(u, selected, theta, beta) for u in leaves]
-    contrib = sum(o[1] for o in outs) / max(num_coordinates(p.updates), 1)
-    agg = jax.tree.unflatten(treedef, [o[0] for o in outs])
+    agg, contrib = _closest_to_median(p.updates, selected, theta, beta)
     diag = {"selected": selected, "selection_order": order, "theta": theta, "beta": beta,
             "condition_ok": p.n >= 4 * f + 3}
     return finish(p, agg, contrib, p.valid & ~selected, diag)
@@ -174,30 +173,34 @@ def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = Tru
   return Aggregator("bulyan", aggregate)
 
 
-def _closest_to_median_leaf(x: jax.Array, selected: jax.Array, theta, beta):
+def _closest_to_median(updates, selected: jax.Array, theta, beta):
   """Per coordinate, the mean of the ``beta`` selected values closest to the selected values' median.
 
   Values tied in distance at the cut (e.g. ``med - a`` and ``med + a``) share
   the remaining slots evenly, so the result is permutation invariant and equals
-  the client-weight-weighted mean.
+  the client-weight-weighted mean. Returns ``(aggregate, client weights [C])``.
   """
-  c = x.shape[0]
-  shape = x.shape[1:]
-  acc = jnp.promote_types(x.dtype, jnp.float32)
-  xf = x.reshape(c, -1).astype(acc)
-  sb = selected[:, None]
-  s = jnp.sort(jnp.where(sb, xf, jnp.inf), axis=0)
-  lo = jax.lax.dynamic_index_in_dim(s, (theta - 1) // 2, axis=0, keepdims=True)
-  hi = jax.lax.dynamic_index_in_dim(s, theta // 2, axis=0, keepdims=True)
-  med = 0.5 * (lo + hi)
-  dist = jnp.where(sb, jnp.abs(xf - med), jnp.inf)
-  cut = jax.lax.dynamic_index_in_dim(jnp.sort(dist, axis=0), beta - 1, axis=0, keepdims=True)
-  less = sb & (dist < cut)
-  equal = sb & (dist == cut)
-  betaf = beta.astype(acc)
-  n_less = jnp.sum(less, axis=0, keepdims=True).astype(acc)
-  n_equal = jnp.maximum(jnp.sum(equal, axis=0, keepdims=True), 1).astype(acc)
-  part = jnp.where(less, 1.0, jnp.where(equal, (betaf - n_less) / n_equal, 0.0))
-  agg = jnp.sum(part * jnp.where(sb, xf, 0.0), axis=0) / betaf
-  agg = jnp.where(jnp.any(selected), agg, 0.0)
-  return agg.reshape(shape).astype(x.dtype), jnp.sum(part, axis=1) / betaf
+  betaf = beta.astype(jnp.float32)
+
+  def block(x, col_ok):
+    x = x.astype(jnp.float32)
+    lo = kth_smallest(x, selected, (theta - 1) // 2)
+    med = 0.5 * (lo + next_value(x, selected, lo, theta // 2))
+    sb = selected[:, None]
+    dist = jnp.where(sb, jnp.abs(x - med[None]), jnp.inf)
+    cut = kth_smallest(dist, selected, beta - 1)[None]
+    less = sb & (dist < cut)
+    equal = sb & (dist == cut)
+    n_less = jnp.sum(less, axis=0, keepdims=True).astype(jnp.float32)
+    n_equal = jnp.maximum(jnp.sum(equal, axis=0, keepdims=True), 1).astype(jnp.float32)
+    part = jnp.where(less, 1.0, jnp.where(equal, (betaf - n_less) / n_equal, 0.0)) * col_ok[None, :]
+    agg = jnp.sum(part * jnp.where(sb, x, 0.0), axis=0) / betaf
+    return agg, jnp.sum(part, axis=1) / betaf
+
+  leaves, treedef = jax.tree.flatten(updates)
+  outs, contrib = [], 0.0
+  for u in leaves:
+    agg, w = column_tiles(block, u.reshape(u.shape[0], -1))
+    outs.append(agg.reshape(u.shape[1:]).astype(u.dtype))
+    contrib = contrib + w
+  return jax.tree.unflatten(treedef, outs), contrib / max(num_coordinates(updates), 1)
