@@ -128,6 +128,25 @@ def test_trimmed_mean_by_hand():
   assert int(r.diagnostics["num_trimmed"]) == 1
 
 
+def test_coordinate_rules_match_numpy_on_large_tied_inputs():
+  # d = 9000 > one CPU tile (exercises the tiled, padded path); small integers -> many ties
+  x = np.asarray(jax.random.randint(jax.random.PRNGKey(11), (7, 9000), -3, 4), np.float32)
+  mask = np.array([1, 1, 1, 1, 1, 1, 0], bool)
+  r = run("median", jnp.asarray(x), mask=jnp.asarray(mask))
+  close(r.update, np.median(x[mask], axis=0))
+  close(jnp.sum(r.weights), 1.0)
+  r = run("trimmed_mean", jnp.asarray(x), num_trimmed=2)
+  close(r.update, np.sort(x, axis=0)[2:5].mean(0))
+  close(jnp.sum(r.weights), 1.0)
+  # Bulyan's coordinate stage against a numpy reference on continuous data
+  y = np.asarray(jax.random.normal(jax.random.PRNGKey(12), (7, 9000)))
+  r = run("bulyan", jnp.asarray(y), num_byzantine=1)
+  sel = y[np.asarray(r.diagnostics["selected"])]
+  med = np.median(sel, axis=0)
+  idx = np.argsort(np.abs(sel - med), axis=0, kind="stable")[:3]
+  close(r.update, np.take_along_axis(sel, idx, axis=0).mean(0))
+
+
 # ----------------------------------------------------------------------------------------- krum family
 
 # scalars 0, 1, 2, 4, 7, 50 (n = 6, f = 1): each score sums the n - f - 2 = 3 smallest squared distances to others

@@ -1,11 +1,29 @@
 """Aggregation rules: pure functions of stacked updates ``[C, ...]``, weights ``[C]`` and a validity mask ``[C]``.
 
 ``weighted_mean(updates, weights)`` is the bare FedAvg kernel. Robust rules are
-:class:`Aggregator` objects (``make_aggregator(name, **params)`` /
-``aggregator_from_config(cfg)``) whose ``aggregate(updates, weights, mask, key,
+:class:`Aggregator` objects (``make_aggregator(name, num_clients=None, **params)``
+/ ``aggregator_from_config(cfg)``) whose ``aggregate(updates, weights, mask, key,
 context)`` returns an :class:`AggregateResult` (update, per-client weights,
-flagged clients, diagnostics). See ``base.py`` for the shared conventions
-(validity, NaN/Inf screening) and each module for its rule and paper-code flags.
+flagged clients, diagnostics). Conventions (validity, NaN/Inf screening): ``base.py``.
+
+| name | params (default) | paper-code flags (spec section) |
+|---|---|---|
+| mean | weighted (True) | weighted=False: FedCC's uniform FedAvg (fedcc §3) |
+| median | even ("mean") | even="lower": torch.median, FedCC code (fedcc §3) |
+| trimmed_mean | beta xor num_trimmed | FedCAP: num_trimmed=floor(M/2) (fedcap §3) |
+| krum | num_byzantine | distance="fedcc" sqrt(sum d^4), count_self=True (fedcc §3) |
+| multi_krum | num_byzantine, m (n-f), weighted (False) | distance, count_self as krum |
+| bulyan | num_byzantine | strict=False clamps beta>=1 (fedcc §3), count_self |
+| rfa / geometric_median | max_iter (100), tol (1e-6), smoothing (1e-6), weighted (True) | per_layer=True, weighted=False: FedCAP artifact (fedcap §3, §6.17) |
+| centered_clipping | tau (10), iters (1), weighted (False) | reference: context["reference"] (else 0) |
+| norm_clipping | max_norm, weighted (True) | |
+| fltrust | eps (0) | eps=1e-9: FedCAP code's denominator (fedcap §3); needs context["reference_update"] |
+| clustered | weighted (True) | (FedCAP's ClusteredFL: complete linkage, larger cluster, fedcap §3) |
+| flare | neighbor_frac (0.5), temperature (1), gamma (median heuristic), unbiased (True) | port_k_minus_one (fedcc §3); needs context["features"] |
+| bucketing | inner, s (2) | fixed_seed: FedCAP's same permutation every round (fedcap §3) |
+| gas | inner, p (1000), num_byzantine (inner's), permute (True) | |
+
+Not implemented: Zeno++ (needs server-side loss evaluation; fedvsa §3) and DnC.
 """
 
 from fedjax_robust.aggregators.base import AggregateResult, Aggregator, sanitize

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_robust.aggregators.base import HIGHEST, Aggregator, check_positive, combine, finish, prepare
+from fedjax_robust.aggregators.order import kth_smallest
 
 
 def _sqdist(a, b):
@@ -68,10 +69,14 @@ def median_heuristic_gamma(feats: jax.Array, valid: jax.Array) -> jax.Array:
   ok = jnp.repeat(valid, m)
   stride = max(1, (c * m) // 2048)
   pts, ok = pts[::stride], ok[::stride]
-  dist = _sqdist(pts, pts)
-  pair = ok[:, None] & ok[None, :] & (dist > 0)
-  med = jnp.nanmedian(jnp.where(pair, dist, jnp.nan))
-  return jnp.where(jnp.isfinite(med) & (med > 0), 1.0 / jnp.where(med > 0, med, 1.0), 1.0)
+  dist = _sqdist(pts, pts).reshape(-1, 1)
+  pair = (ok[:, None] & ok[None, :]).reshape(-1, 1) & (dist > 0)
+  count = jnp.sum(pair)
+  lo = kth_smallest(dist, pair, jnp.maximum(count - 1, 0) // 2)[0]  # radix select: XLA:CPU sorts are slow
+  hi = kth_smallest(dist, pair, jnp.maximum(count, 1) // 2)[0]
+  med = 0.5 * (lo + hi)
+  good = (count > 0) & jnp.isfinite(med) & (med > 0)
+  return jnp.where(good, 1.0 / jnp.where(good, med, 1.0), 1.0)
 
 
 def make_flare(neighbor_frac: float = 0.5, temperature: float = 1.0, gamma: Optional[float] = None,

@@ -129,7 +129,7 @@ def make_gas(inner: Any, p: int = 1000, num_byzantine: Optional[int] = None, per
       v = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)])
       return v.reshape(v.shape[:-1] + (num_chunks, length))
 
-    chunks = split(flat)  # [C, p, L]
+    chunks = split(flat).transpose(1, 0, 2)  # [p, C, L]
     chunk_ctx = {}
     for name in ("reference_update", "reference"):
       if context.get(name) is not None:
@@ -137,11 +137,14 @@ def make_gas(inner: Any, p: int = 1000, num_byzantine: Optional[int] = None, per
     rest = {k: v for k, v in context.items() if k not in chunk_ctx}
     keys = jax.random.split(key if key is not None else jax.random.PRNGKey(0), num_chunks)
 
-    def one(chunk, k, cctx):
-      return inner.aggregate(chunk, pr.weights, pr.valid, k, {**rest, **cctx}).update
+    def one(args):  # the inner rule on one chunk -> that chunk's score contribution per client [C]
+      chunk, k, cctx = args
+      agg = inner.aggregate(chunk, pr.weights, pr.valid, k, {**rest, **cctx}).update
+      return jnp.sqrt(jnp.sum(jnp.square(chunk - agg[None]), axis=-1))
 
-    aggs = jax.vmap(one, in_axes=(1, 0, 0))(chunks, keys, chunk_ctx)  # [p, L]
-    scores = jnp.sum(jnp.sqrt(jnp.sum(jnp.square(chunks - aggs[None]), axis=-1)), axis=1)
+    # CPU: one chunk at a time (a [C, L] chunk stays in cache; ~3x faster than vmap); accelerators: vmap
+    batch = None if jax.default_backend() == "cpu" else num_chunks
+    scores = jnp.sum(jax.lax.map(one, (chunks, keys, chunk_ctx), batch_size=batch), axis=0)
     scores = finite_scores(scores, pr.valid)
     keep = jnp.clip(pr.n - f, 1, jnp.maximum(pr.n, 1))
     selected = pr.valid & (rank_of(scores) < keep)
