@@ -239,7 +239,9 @@ def _jsonable(value):
 class RunWriter:
   """Writes the run directory: config.json, partition.json, metrics.jsonl, metrics.csv, summary.json."""
 
-  CSV_FIELDS = ("round", "elapsed_s", "train_loss", "global_test_acc", "client_acc_mean", "client_acc_weighted")
+  CSV_FIELDS = ("round", "elapsed_s", "train_loss", "global_test_acc", "global_client_acc_weighted", "client_acc_mean",
+                "client_acc_weighted", "benign_acc_weighted", "global_benign_acc_weighted", "backdoor_asr",
+                "detection_tpr", "detection_fpr")
 
   def __init__(self, run_dir: Path):
     self.dir = Path(run_dir)

@@ -196,6 +196,10 @@ class Simulator:
       return (attack_success_rate(jnp.argmax(logits, -1), target), backdoor_confidence(logits, target))
 
     self._eval_backdoor = jax.jit(backdoor_metrics)
+    # The global model on every client's test split: shared params, so a plain vmap over data (no grouped conv).
+    self._eval_global_on_clients = jax.jit(jax.vmap(
+        lambda params, test: count_correct(self.apply_fn, params, test.x, test.y, test.n, self.eval_batch_size),
+        in_axes=(None, 0)))
 
   def run_round(self, state: SimState) -> tuple[SimState, dict]:
     """One federated round; returns the new state and device-side scalar metrics."""
@@ -222,14 +226,23 @@ class Simulator:
   def evaluate(self, state: SimState) -> dict[str, Any]:
     """Global-model accuracy on the global test set and per-client accuracy on each client's test split.
 
-    ``client_acc_mean`` is the plain mean over clients; ``client_acc_weighted``
-    weights by test-split size (= total correct / total scored).
+    ``client_acc_*`` score each client's own evaluation model (``personal_params``);
+    ``global_client_acc_weighted`` scores the global model on the same splits.
+    ``*_mean`` is the plain mean over clients; ``*_weighted`` weights by
+    test-split size (= total correct / total scored). With a malicious mask,
+    ``benign_acc_*`` and ``global_benign_acc_weighted`` count benign clients only
+    (FedCAP's TAcc, spec §4.4).
     """
     metrics: dict[str, Any] = {}
+    benign = None if self.malicious is None else ~self.malicious
     global_params = self.algorithm.global_params(state.server)
     if global_params is not None:
       correct, count = self._eval_global(global_params, *self.global_test)
       metrics["global_test_acc"] = float(correct) / max(int(count), 1)
+      correct, count = map(np.asarray, self._eval_global_on_clients(global_params, self.test))
+      metrics["global_client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
+      if benign is not None:
+        metrics["global_benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
       if self.backdoor is not None:
         asr, confidence = self._eval_backdoor(global_params, *self.backdoor)
         metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
@@ -240,8 +253,7 @@ class Simulator:
     metrics["client_acc_mean"] = float(acc.mean())
     metrics["client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
     metrics["client_acc"] = acc.tolist()
-    if self.malicious is not None:
-      benign = ~self.malicious
+    if benign is not None:
       metrics["benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
       metrics["benign_acc_mean"] = float(acc[benign].mean()) if benign.any() else float("nan")
     return metrics

@@ -263,3 +263,16 @@ def test_fedadam_is_a_config_away():
     moved = np.asarray(pa - p0)
     big = np.abs(delta) > 1e-6
     np.testing.assert_allclose(moved[big], 0.01 * np.sign(delta[big]), rtol=1e-3)
+
+
+def test_global_model_is_also_scored_on_client_splits():
+  data, params, apply_fn = setup()
+  sim = Simulator(make_fedavg(apply_fn, optax.sgd(0.1), LocalTrainSpec(), ft_mode="last_local"), data, apply_fn,
+                  malicious=np.array([False, True, False, False]))
+  m = sim.evaluate(sim.init(params))
+  preds = [np.argmax(np.asarray(apply_fn(params, data.x_test[k, : data.n_test[k]])), -1) for k in range(4)]
+  correct = np.array([np.sum(p == data.y_test[k, : data.n_test[k]]) for k, p in enumerate(preds)])
+  assert m["global_client_acc_weighted"] == pytest.approx(correct.sum() / data.n_test.sum())
+  benign = [0, 2, 3]
+  assert m["global_benign_acc_weighted"] == pytest.approx(correct[benign].sum() / data.n_test[benign].sum())
+  assert m["benign_acc_weighted"] == pytest.approx(correct[benign].sum() / data.n_test[benign].sum())  # init models
