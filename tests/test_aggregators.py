@@ -44,8 +44,26 @@ def col(values):
   return jnp.asarray(values, jnp.float32)[:, None]
 
 
+PAD = 8  # hand examples are padded to 8 clients with masked-out rows, so a rule compiles once per leaf shape
+
+
 def run(name, updates, weights=None, mask=None, key=KEY, context=None, **params) -> AggregateResult:
-  return jitted(name, **params)(updates, weights, mask, key, context)
+  """Jitted ``aggregate`` on ``updates`` padded to ``PAD`` clients (padding masked out; exact, see the
+  masking test), with per-client outputs sliced back to the real clients."""
+  c = jax.tree.leaves(updates)[0].shape[0]
+  extra = max(PAD - c, 0)
+
+  def pad(x, value=0):
+    return jnp.concatenate([jnp.asarray(x), jnp.full((extra,) + jnp.shape(x)[1:], value, jnp.asarray(x).dtype)])
+
+  weights = jnp.ones(c) if weights is None else weights
+  mask = jnp.ones(c, bool) if mask is None else mask
+  context = dict(context or {})
+  if "features" in context:
+    context["features"] = pad(context["features"])
+  r = jitted(name, **params)(jax.tree.map(pad, updates), pad(weights, 1.0), pad(mask, False), key, context)
+  cut = lambda v: v[:c] if jnp.ndim(v) and jnp.shape(v)[0] == c + extra else v  # noqa: E731
+  return AggregateResult(r.update, r.weights[:c], r.flagged[:c], {k: cut(v) for k, v in r.diagnostics.items()})
 
 
 def close(a, b, atol=1e-5):
@@ -121,11 +139,14 @@ def test_trimmed_mean_by_hand():
   # 2-vectors, Q = 1: column 0 keeps 2,3,4 -> 3; column 1 keeps 0,7,10 -> 17/3
   v = jnp.array([[1.0, 10.0], [2.0, 20.0], [3.0, -5.0], [4.0, 0.0], [5.0, 7.0]])
   close(run("trimmed_mean", v, num_trimmed=1).update, [3.0, 17.0 / 3])
-  # beta counts the VALID clients: 6 rows, one masked -> n = 5, Q = floor(0.25 * 5) = 1
-  w = col([3.0, 1.0, 100.0, 2.0, -50.0, 7.0])
-  r = run("trimmed_mean", w, mask=jnp.array([1, 1, 1, 1, 1, 0], bool), beta=0.25)
+  # beta counts the VALID clients: 7 rows, two masked -> n = 5, Q = floor(0.2 * 5) = 1 (not floor(0.2 * 7) = 1 ...)
+  # and 10 rows with 5 masked would give Q = 1 instead of 2
+  w = col([3.0, 1.0, 100.0, 2.0, -50.0, 7.0, 8.0])
+  r = run("trimmed_mean", w, mask=jnp.array([1, 1, 1, 1, 1, 0, 0], bool), beta=0.2)
   close(r.update, [2.0])
   assert int(r.diagnostics["num_trimmed"]) == 1
+  r = run("trimmed_mean", w, beta=0.2)  # n = 7: Q = 1 -> drop -50 and 100 -> mean(3, 1, 2, 7, 8) = 4.2
+  close(r.update, [4.2])
 
 
 def test_coordinate_rules_match_numpy_on_large_tied_inputs():
@@ -252,17 +273,17 @@ def test_rfa_symmetric_configuration_and_far_outlier():
   assert float(run("mean", pts, w).update[0]) > 100
   # optimality of a generic point set: the weighted unit vectors towards the points sum to ~0
   pts = jnp.array([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0], [5.0, 5.0]])
-  v = np.asarray(run("rfa", pts, max_iter=1000, tol=0.0).update)
+  v = np.asarray(run("rfa", pts, max_iter=500, tol=0.0).update)
   g = sum((v - p) / np.linalg.norm(v - p) for p in np.asarray(pts))
   assert np.linalg.norm(g) < 1e-3
 
 
 def test_rfa_per_layer_flag_runs_each_leaf_alone():
   u = {"a": col([0.0, 100.0, 1.0, 10.0, 2.0]), "b": jax.random.normal(jax.random.PRNGKey(2), (5, 3))}
-  per_layer = run("rfa", u, per_layer=True)
-  close(per_layer.update["a"], run("rfa", u["a"]).update, atol=1e-4)
-  close(per_layer.update["b"], run("rfa", u["b"]).update, atol=1e-4)
-  whole = run("rfa", u)
+  per_layer = run("rfa", u, per_layer=True, max_iter=500, tol=0.0)
+  close(per_layer.update["a"], run("rfa", u["a"], max_iter=500, tol=0.0).update, atol=1e-4)
+  close(per_layer.update["b"], run("rfa", u["b"], max_iter=500, tol=0.0).update, atol=1e-4)
+  whole = run("rfa", u, max_iter=500, tol=0.0)
   assert not np.allclose(np.asarray(whole.update["a"]), np.asarray(per_layer.update["a"]), atol=1e-2)
 
 
@@ -563,10 +584,10 @@ def test_runtime_too_few_valid_clients_degrades_gracefully():
   u = col([0.0, 1.0, 2.0, 5.0, 9.0, 50.0, -30.0])
   mask = jnp.array([1, 1, 1, 0, 0, 0, 0], bool)
   for name in ("krum", "multi_krum", "bulyan"):
-    r = jax.jit(make_aggregator(name, num_byzantine=1).aggregate)(u, None, mask)
+    r = run(name, u, mask=mask, num_byzantine=1)
     assert bool(jnp.isfinite(r.update).all()) and not bool(r.diagnostics["condition_ok"])
     close(jnp.sum(r.weights), 1.0)
-  r = jax.jit(make_aggregator("trimmed_mean", num_trimmed=2).aggregate)(u, None, mask)  # Q clamped to 1
+  r = run("trimmed_mean", u, mask=mask, num_trimmed=2)  # Q clamped to 1
   close(r.update, [1.0])
 
 
