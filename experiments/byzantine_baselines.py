@@ -74,6 +74,9 @@ def main():
   parser.add_argument("--rules", default=",".join(RULES))
   parser.add_argument("--strategy", default="", help="engine strategy (default: the backend's default)")
   parser.add_argument("--out_dir", default="runs/byzantine_baselines")
+  parser.add_argument("--shard", default="", help="write results.<shard>.json, so several processes (e.g. one per "
+                      "rule, on one GPU) can fill one out_dir; the table merges every results*.json there")
+  parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir into table.md")
   args = parser.parse_args()
   logging.basicConfig(level=logging.WARNING)
   import jax
@@ -81,10 +84,12 @@ def main():
 
   out = Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  results_path = out / "results.json"
+  results_path = out / (f"results.{args.shard}.json" if args.shard else "results.json")
   results = json.loads(results_path.read_text()) if results_path.exists() else {}
   attacks, rules = args.attacks.split(","), args.rules.split(",")
-  for attack in attacks:
+  if args.table_only:
+    attacks, rules = list(ATTACKS), list(RULES)
+  for attack in attacks if not args.table_only else []:
     for rule in rules:
       key = f"{attack}__{rule}"
       t0 = time.perf_counter()
@@ -101,8 +106,18 @@ def main():
             f"(global {results[key]['global']:.2f}, local {results[key]['local']:.2f}) {results[key]['wall_s']:.0f}s",
             flush=True)
       results_path.write_text(json.dumps(results, indent=1))
-  (out / "table.md").write_text(markdown_table(results, attacks, rules))
-  print(markdown_table(results, attacks, rules))
+  merged = merged_results(out)
+  table = markdown_table(merged, [a for a in ATTACKS if a in attacks], [r for r in RULES if r in rules])
+  (out / "table.md").write_text(table)
+  print(table)
+
+
+def merged_results(out: Path) -> dict:
+  """Every cell found in ``out/results*.json`` (later files win on a repeated cell)."""
+  merged = {}
+  for path in sorted(out.glob("results*.json")):
+    merged.update(json.loads(path.read_text()))
+  return merged
 
 
 def markdown_table(results, attacks, rules) -> str:
