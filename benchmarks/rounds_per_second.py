@@ -383,7 +383,8 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
            "loadavg_1min": [load0, os.getloadavg()[0]]}
     rows.append(row)
     finals[label] = p1
-    print(f"  {label:22s} compile {compile_s:7.2f} s  first {first:7.2f} s  rounds {[round(t, 3) for t in times]}"
+    print(f"  {label:22s} compile {compile_s:7.2f} s  first {first:7.2f} s  {len(times)} rounds, min/median/max "
+          f"{min(times):.4f}/{statistics.median(times):.4f}/{max(times):.4f} s"
           f"  -> {row['rounds_per_s']:.3f} rounds/s  peak RSS {row['peak_rss_mib']:.0f} MiB "
           f"(before {rss_before:.0f}); process used {cpu_cores:.2f} cores, load {load0:.1f}->{os.getloadavg()[0]:.1f}",
           flush=True)

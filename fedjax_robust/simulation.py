@@ -146,12 +146,25 @@ class Simulator:
     cohort = sample_cohort(cohort_key, self.num_clients, self.cohort_size)
     data = _gather(train, cohort)
     client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
-    return _Prepared(cohort, self.algorithm.broadcast(state.server), _gather(state.clients, cohort), data,
+    return _Prepared(cohort, self._broadcast(state.server, cohort), _gather(state.clients, cohort), data,
                      client_keys, data.n.astype(jnp.float32), aux_key, server_key)
 
+  def _broadcast(self, server: PyTree, client_ids: jax.Array) -> PyTree:
+    """The payload: one tree for everyone, or ``(shared, per_client [C, ...])`` for ``uses_client_ids``."""
+    if self.algorithm.uses_client_ids:
+      return self.algorithm.broadcast(server, client_ids)
+    return self.algorithm.broadcast(server)
+
   def _map_clients(self, prep: _Prepared) -> ClientOutput:
+    if self.algorithm.uses_client_ids:
+      shared, per_client = prep.payload
+      return self.strategy.map(self._addressed_update, (None, 0, 0, 0, 0), shared, per_client, prep.client_states,
+                               prep.data, prep.client_keys)
     return self.strategy.map(self.algorithm.client_update, (None, 0, 0, 0), prep.payload, prep.client_states,
                              prep.data, prep.client_keys)
+
+  def _addressed_update(self, shared, own, client_state, data, key) -> ClientOutput:
+    return self.algorithm.client_update((shared, own), client_state, data, key)
 
   def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput):
     uploads = out.upload
@@ -159,7 +172,8 @@ class Simulator:
       context = {"global_params": self.algorithm.global_params(state.server), "weights": prep.weights,
                  "round": state.round}
       uploads = self.upload_transform(uploads, prep.cohort, prep.aux_key, context)
-    server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key)
+    extra = (prep.cohort,) if self.algorithm.uses_client_ids else ()
+    server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key, *extra)
     clients = _scatter(state.clients, prep.cohort, out.state)
     steps = out.metrics["steps"]
     metrics = {
@@ -213,12 +227,24 @@ class Simulator:
   def _build_client_eval(self):
     alg, apply_fn, batch = self.algorithm, self.apply_fn, self.eval_batch_size
 
-    def one_client(payload, client_state, train: ClientData, test: ClientData, key):
-      params = alg.personal_params(payload, client_state, train, key)
+    def score(params, test: ClientData):
+      if alg.eval_models:
+        return {name: count_correct(apply_fn, params[name], test.x, test.y, test.n, batch) for name in alg.eval_models}
       return count_correct(apply_fn, params, test.x, test.y, test.n, batch)
 
+    def one_client(payload, client_state, train: ClientData, test: ClientData, key):
+      return score(alg.personal_params(payload, client_state, train, key), test)
+
+    def addressed_client(shared, own, client_state, train: ClientData, test: ClientData, key):
+      return score(alg.personal_params((shared, own), client_state, train, key), test)
+
     def all_clients(server, clients, train, test, key):
-      keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(jnp.arange(self.num_clients))
+      ids = jnp.arange(self.num_clients)
+      keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(ids)
+      if alg.uses_client_ids:
+        shared, per_client = alg.broadcast(server, ids)
+        return self.strategy.map(addressed_client, (None, 0, 0, 0, 0, 0), shared, per_client, clients, train, test,
+                                 keys)
       return self.strategy.map(one_client, (None, 0, 0, 0, 0), alg.broadcast(server), clients, train, test, keys)
 
     return jax.jit(all_clients) if is_traceable(self.strategy) else all_clients
@@ -246,14 +272,23 @@ class Simulator:
       if self.backdoor is not None:
         asr, confidence = self._eval_backdoor(global_params, *self.backdoor)
         metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
-    correct, count = self._eval_clients(state.server, state.clients, self.train, self.test,
-                                        eval_key(state.key, state.round))
-    correct, count = np.asarray(correct), np.asarray(count)
-    acc = correct / np.maximum(count, 1)
-    metrics["client_acc_mean"] = float(acc.mean())
-    metrics["client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
-    metrics["client_acc"] = acc.tolist()
-    if benign is not None:
-      metrics["benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
-      metrics["benign_acc_mean"] = float(acc[benign].mean()) if benign.any() else float("nan")
+    scored = self._eval_clients(state.server, state.clients, self.train, self.test, eval_key(state.key, state.round))
+    if self.algorithm.eval_models:
+      for name in self.algorithm.eval_models:
+        metrics.update(_client_metrics(*scored[name], benign, prefix=f"{name}_"))
+      scored = scored[self.algorithm.eval_models[0]]
+    metrics.update(_client_metrics(*scored, benign))
     return metrics
+
+
+def _client_metrics(correct, count, benign: Optional[np.ndarray], prefix: str = "") -> dict[str, Any]:
+  """Per-client accuracy (``client_acc``), its mean, the test-size-weighted mean, and both over benign clients."""
+  correct, count = np.asarray(correct), np.asarray(count)
+  acc = correct / np.maximum(count, 1)
+  metrics = {f"{prefix}client_acc_mean": float(acc.mean()),
+             f"{prefix}client_acc_weighted": float(correct.sum() / max(count.sum(), 1)),
+             f"{prefix}client_acc": acc.tolist()}
+  if benign is not None:
+    metrics[f"{prefix}benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
+    metrics[f"{prefix}benign_acc_mean"] = float(acc[benign].mean()) if benign.any() else float("nan")
+  return metrics

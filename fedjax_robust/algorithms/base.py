@@ -11,6 +11,21 @@ Evaluation asks the algorithm for the models to score: ``global_params`` (the
 server model, or ``None`` when there is none, as in Local training) and
 ``personal_params`` (the model client ``k`` would use on its own test split:
 the global model for FedAvg, the fine-tuned one for FedAvg-FT, its own for Local).
+
+Two opt-in extensions (NamedTuple fields with defaults, so existing algorithms
+are unchanged):
+
+* ``uses_client_ids=True``: the server addresses clients individually (FedCAP's
+  customized models, FedFomo's model subsets). Then
+  ``broadcast(server_state, client_ids)`` returns ``(shared, per_client)``, where
+  every leaf of ``per_client`` has a leading axis of ``len(client_ids)``; client
+  ``i`` receives ``(shared, per_client[i])`` as its payload (the engine maps the
+  shared part with ``in_axes=None``, so a pool of K models is not copied per
+  client), and ``server_update(..., client_ids)`` gets the cohort's ids.
+* ``eval_models=("a", "b", ...)``: ``personal_params`` returns a dict with these
+  keys, each one a model the client can be scored with (FedCAP: customized and
+  personalized). The first is the primary one (``client_acc_*``); every one is
+  also reported as ``<name>_client_acc_*`` / ``<name>_benign_acc_*``.
 """
 
 from __future__ import annotations
@@ -42,6 +57,8 @@ class FedAlgorithm(NamedTuple):
       (sample counts for sample-weighted FedAvg, 0 for clients that must not count).
   global_params(server_state) -> params or None
   personal_params(payload, client_state, train_data, key) -> params of one client
+      (a dict ``{name: params}`` when ``eval_models`` is set)
+  uses_client_ids, eval_models: see the module docstring.
   """
 
   name: str
@@ -52,3 +69,5 @@ class FedAlgorithm(NamedTuple):
   server_update: Callable[[PyTree, PyTree, jax.Array, jax.Array], tuple[PyTree, dict]]
   global_params: Callable[[PyTree], Optional[PyTree]]
   personal_params: Callable[[PyTree, PyTree, ClientData, jax.Array], PyTree]
+  uses_client_ids: bool = False
+  eval_models: tuple[str, ...] = ()

@@ -1,0 +1,246 @@
+"""FedCAP: customized aggregation, calibration/detection and personalization (Li et al., ACSAC 2024).
+
+Spec: ``specs/fedcap.md`` §1 (paper: ``papers/fedcap.txt``, Alg. 1, Eqs. 3-7). One round ``t``:
+
+1. **Customize** (Eqs. 3-5, spec §1.4). For every client ``k`` the server builds
+   ``ŵ_k = Σ_i p_{k,i} w̃_i`` over the valid pool ``V`` of the previous round, with
+   ``p_{k,·} = (1-φ)·softmax(α·cos(r_k, d̃_i))`` over ``i ≠ k`` and ``p_{k,k} = φ``
+   when ``k ∈ V`` (``r_k = d̃_k``, its own calibrated update); a client outside
+   the pool sends a request update ``r_k`` (E epochs of plain SGD from the global
+   model) and gets the softmax over the whole pool, no self term. An empty pool
+   (round 0) gives everyone the global model ``w^0``.
+2. **Client update** (Eq. 7 and the artifact's alternating scheme, spec §1.5): on
+   each mini-batch, one prox step on the personalized model ``v_k`` toward the
+   frozen ``ŵ_k`` (λ), then one plain SGD step on the local copy ``w`` of ``ŵ_k``.
+   The two steps use the same batch and do not interact, so they are one optimizer
+   step on the pair ``{v, w}`` with loss ``CE(v) + λ/2‖v-ŵ‖² + CE(w)``. Upload
+   ``d_k = w - ŵ_k`` (attacks poison this).
+3. **Recover / calibrate / detect** (spec §1.3 lines 13-16): ``w̃_k = ŵ_k + d_k``
+   with the server's own record of ``ŵ_k``; ``d̃_k = w̃_k - w^t``; a client whose
+   ``‖d̃_k‖₂ > T_norm`` (strictly) or is NaN is removed for good. The valid pool
+   becomes this round's unflagged participants, and the global model is their
+   sample-weighted recovered models (Eq. 6).
+
+Evaluation scores two models per client (``eval_models``): the customized model
+built from the latest pool and the personalized ``v_k``; FedCAP reports the
+better of their benign accuracies (spec §4.4).
+
+Table IV ablations (spec §1.7): ``personalize=False`` trains only ``w`` (variants
+①, ③); ``calibrate=False`` uses the raw uploads ``d_k`` for similarities and
+turns detection off (①, ④). Ditto (②) is :mod:`fedjax_robust.algorithms.ditto`.
+
+Partial participation (spec §1.6): with ``request_updates=True`` clients outside
+the pool compute their request update inside the client kernel and upload it
+with ``d_k``, so the server recomputes exactly the ``ŵ_k`` it would have sent.
+Not modelled: poisoned customization *requests* (spec §2.3, artifact-only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.fedavg import classification_loss, squared_distance, tree_sub
+from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+
+PyTree = Any
+ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class FedCAPState(NamedTuple):
+  global_params: PyTree  # w^t: calibration reference and start point of request updates (Eq. 6)
+  pool_models: jax.Array  # [K, D] recovered models w̃_i of the valid pool (rows outside the pool are stale)
+  pool_updates: jax.Array  # [K, D] calibrated updates d̃_i (raw uploads when calibrate=False)
+  pool_valid: jax.Array  # [K] bool: V, the previous round's unflagged participants
+  pool_n: jax.Array  # [K] float: training-set sizes n_i (Eq. 6 weights)
+  removed: jax.Array  # [K] bool: permanently flagged clients
+  removed_round: jax.Array  # [K] int32: round (1-based) in which the client was removed, 0 if never
+  round: jax.Array  # int32: server updates so far
+
+
+def cosine_rows(a: jax.Array, b: jax.Array) -> jax.Array:
+  """``cos(a_i, b_j)`` for rows of ``a`` [m, D] and ``b`` [P, D]; NaN (zero vectors) -> -1 as the artifact does."""
+  dots = jnp.matmul(a, b.T, precision=HIGHEST)
+  norms = jnp.linalg.norm(a, axis=1)[:, None] * jnp.linalg.norm(b, axis=1)[None, :]
+  cos = dots / norms
+  return jnp.where(jnp.isfinite(cos), cos, -1.0)
+
+
+def customization_weights(requests: jax.Array, self_ids: jax.Array, has_self: jax.Array, pool_updates: jax.Array,
+                          pool_valid: jax.Array, alpha: float, phi: float) -> jax.Array:
+  """``p_{k,·}`` of Eqs. 4-5 for a batch of target clients: ``[m, K]`` rows that sum to 1 over the pool.
+
+  ``requests`` [m, D]: r_k; ``self_ids`` [m]: the targets' ids; ``has_self`` [m]: whether
+  the target is in the pool (then its own entry is excluded from the softmax and
+  gets the self-weight φ). A target whose pool holds nobody else keeps weight 1 on
+  itself; an empty pool gives all-zero rows (the caller falls back to the global model).
+  """
+  k = pool_updates.shape[0]
+  sims = cosine_rows(requests, pool_updates)
+  own = jax.nn.one_hot(self_ids, k, dtype=bool) & has_self[:, None]
+  candidates = pool_valid[None, :] & ~own
+  logits = jnp.where(candidates, alpha * sims, -jnp.inf)
+  any_other = jnp.any(candidates, axis=1, keepdims=True)
+  soft = jnp.where(any_other, jax.nn.softmax(jnp.where(any_other, logits, 0.0), axis=1), 0.0)
+  soft = jnp.where(candidates, soft, 0.0)
+  self_weight = jnp.where(any_other, phi, 1.0)
+  return jnp.where(has_self[:, None], (1.0 - phi) * soft * any_other + own * self_weight, soft)
+
+
+def aggregate_rows(weights: jax.Array, rows: jax.Array) -> jax.Array:
+  return jnp.matmul(weights, rows, precision=HIGHEST)
+
+
+def make_fedcap(
+    apply_fn: ApplyFn,
+    client_opt: optax.GradientTransformation,
+    spec: LocalTrainSpec,
+    num_clients: int,
+    alpha: float = 10.0,
+    phi: float = 0.3,
+    lamda: float = 0.1,
+    norm_threshold: float = 10.0,
+    calibrate: bool = True,
+    personalize: bool = True,
+    request_updates: bool = False,
+    name: str = "fedcap",
+) -> FedAlgorithm:
+  """FedCAP (module docstring). ``num_clients`` = K, the size of the server's pools.
+
+  ``request_updates``: let clients outside the pool build their customized model
+  from a request update (spec §1.6); needed under partial participation, where
+  the pool only holds the previous round's participants. With full participation
+  every unflagged client is in the pool after round 0, so the default skips that
+  extra local training (flagged clients then start from the global model; their
+  uploads are discarded anyway).
+  """
+  if alpha < 0:
+    raise ValueError(f"fedcap: alpha must be >= 0, got {alpha}")
+  if not 0.0 <= phi <= 1.0:
+    raise ValueError(f"fedcap: phi must be in [0, 1], got {phi}")
+  if lamda < 0:
+    raise ValueError(f"fedcap: lamda must be >= 0, got {lamda}")
+  if not norm_threshold > 0:
+    raise ValueError(f"fedcap: norm_threshold must be > 0, got {norm_threshold}")
+  if num_clients < 1:
+    raise ValueError(f"fedcap: num_clients must be >= 1, got {num_clients}")
+  alpha, phi, lamda, norm_threshold = float(alpha), float(phi), float(lamda), float(norm_threshold)
+  ce_loss = classification_loss(apply_fn)
+
+  def pair_loss(anchor):
+    """CE(w) + CE(v) + λ/2‖v - ŵ‖² with ŵ frozen: its gradient is the artifact's two steps on one batch (§1.5)."""
+
+    def loss_fn(params, x, y, mask):
+      loss = masked_cross_entropy(apply_fn(params["w"], x), y, mask)
+      if personalize:
+        loss = loss + masked_cross_entropy(apply_fn(params["v"], x), y, mask)
+        loss = loss + 0.5 * lamda * squared_distance(params["v"], anchor)
+      return loss
+
+    return loss_fn
+
+  def init_server(params):
+    flat, _ = ravel_pytree(params)
+    zeros = jnp.zeros((num_clients, flat.shape[0]), flat.dtype)
+    return FedCAPState(params, zeros, zeros, jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.float32),
+                       jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.int32), jnp.zeros((), jnp.int32))
+
+  def init_client(params):
+    return {"v": params} if personalize else {}
+
+  def pool_customized(state: FedCAPState, ids: jax.Array) -> jax.Array:
+    """ŵ for clients ``ids`` that are in the pool (self branch); other rows are meaningless."""
+    w = customization_weights(state.pool_updates[ids], ids, jnp.ones(ids.shape, bool), state.pool_updates,
+                              state.pool_valid, alpha, phi)
+    return aggregate_rows(w, state.pool_models)
+
+  def request_customized(state_like, request: jax.Array) -> jax.Array:
+    """ŵ for one client outside the pool from its request update (no self term); global model if the pool is empty."""
+    pool_updates, pool_models, pool_valid, global_flat = state_like
+    w = customization_weights(request[None], jnp.zeros((1,), jnp.int32), jnp.zeros((1,), bool), pool_updates,
+                              pool_valid, alpha, phi)
+    return jnp.where(jnp.any(pool_valid), aggregate_rows(w, pool_models)[0], global_flat)
+
+  def broadcast(state: FedCAPState, ids: jax.Array):
+    global_flat, _ = ravel_pytree(state.global_params)
+    in_pool = state.pool_valid[ids]
+    customized = jnp.where(in_pool[:, None], pool_customized(state, ids), global_flat[None])
+    shared = {"global": state.global_params}
+    if request_updates:
+      shared.update(pool_updates=state.pool_updates, pool_models=state.pool_models, pool_valid=state.pool_valid)
+    return shared, {"customized": customized, "in_pool": in_pool}
+
+  def own_customized(shared, own, data: ClientData, key):
+    """``(ŵ_k as params, request update r_k flat or None)`` for one client."""
+    global_params = shared["global"]
+    global_flat, unravel = ravel_pytree(global_params)
+    if not request_updates:
+      return unravel(own["customized"]), None
+    trained, _, _ = local_train(ce_loss, client_opt, global_params, client_opt.init(global_params), data, key, spec)
+    request = ravel_pytree(trained)[0] - global_flat
+    from_request = request_customized((shared["pool_updates"], shared["pool_models"], shared["pool_valid"],
+                                       global_flat), request)
+    return unravel(jnp.where(own["in_pool"], own["customized"], from_request)), request
+
+  def client_update(payload, client_state, data: ClientData, key):
+    shared, own = payload
+    request_key, train_key = jax.random.split(key)
+    customized, request = own_customized(shared, own, data, request_key)
+    params = {"w": customized, "v": client_state["v"]} if personalize else {"w": customized}
+    trained, _, metrics = local_train(pair_loss(customized), client_opt, params, client_opt.init(params), data,
+                                      train_key, spec)
+    upload = {"delta": tree_sub(trained["w"], customized)}
+    if request_updates:
+      upload["request"] = request
+    return ClientOutput(upload, {"v": trained["v"]} if personalize else {}, metrics)
+
+  def server_update(state: FedCAPState, uploads, weights, key, ids):
+    del key
+    global_flat, unravel = ravel_pytree(state.global_params)
+    deltas = jax.vmap(lambda d: ravel_pytree(d)[0])(uploads["delta"])
+    in_pool = state.pool_valid[ids]
+    sent = jnp.where(in_pool[:, None], pool_customized(state, ids), global_flat[None])
+    if request_updates:
+      from_request = jax.vmap(lambda r: request_customized((state.pool_updates, state.pool_models, state.pool_valid,
+                                                            global_flat), r))(uploads["request"])
+      sent = jnp.where(in_pool[:, None], sent, from_request)
+    recovered = sent + deltas  # w̃_k = ŵ_k + d_k
+    if calibrate:
+      calibrated = recovered - global_flat[None]  # d̃_k = w̃_k - w^t
+      norms = jnp.linalg.norm(calibrated, axis=1)
+      anomalous = ~(norms <= norm_threshold)  # strictly greater, and NaN counts as anomalous
+    else:
+      calibrated, anomalous = deltas, jnp.zeros(ids.shape, bool)
+      norms = jnp.linalg.norm(deltas, axis=1)
+    newly = anomalous & ~state.removed[ids]
+    removed = state.removed.at[ids].max(anomalous)
+    removed_round = state.removed_round.at[ids].max(jnp.where(newly, state.round + 1, 0))
+    keep = ~removed[ids]
+    pool_valid = jnp.zeros_like(state.pool_valid).at[ids].set(keep)
+    pool_models = state.pool_models.at[ids].set(jnp.where(keep[:, None], recovered, 0.0))
+    pool_updates = state.pool_updates.at[ids].set(jnp.where(keep[:, None], calibrated, 0.0))
+    pool_n = state.pool_n.at[ids].set(weights)
+    # Eq. 6: the next global model is the sample-weighted mean of the pool's recovered models.
+    gw = jnp.where(pool_valid, pool_n, 0.0)
+    new_global = jnp.where(jnp.sum(gw) > 0, aggregate_rows(gw / jnp.maximum(jnp.sum(gw), 1e-12), pool_models),
+                           global_flat)
+    new_state = FedCAPState(unravel(new_global), pool_models, pool_updates, pool_valid, pool_n, removed, removed_round,
+                            state.round + 1)
+    diagnostics = {"flagged": removed[ids], "calibrated_norms": norms, "num_removed": jnp.sum(removed),
+                   "pool_size": jnp.sum(pool_valid)}
+    return new_state, diagnostics
+
+  def personal_params(payload, client_state, data: ClientData, key):
+    shared, own = payload
+    customized, _ = own_customized(shared, own, data, key)
+    return {"customized": customized, "personalized": client_state["v"] if personalize else customized}
+
+  return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update,
+                      lambda state: state.global_params, personal_params, uses_client_ids=True,
+                      eval_models=("customized", "personalized"))

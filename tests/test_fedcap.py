@@ -1,0 +1,245 @@
+"""FedCAP (specs/fedcap.md §7): customization weights, recovery/calibration/detection, client update, engine."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.flatten_util import ravel_pytree
+
+from fedjax_robust.algorithms.fedcap import FedCAPState, customization_weights, make_fedcap
+from fedjax_robust.attacks import as_upload_transform, make_attack
+from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.execution import make_strategy
+from fedjax_robust.metrics.security import detection_rates
+from fedjax_robust.simulation import Simulator
+from test_engine import assert_trees_close, make_data, setup
+
+K = 4
+SPEC = LocalTrainSpec(epochs=2, batch_size=3, drop_last=True, shuffle=False)
+
+
+def weights_of(requests, self_ids, has_self, updates, valid, alpha, phi):
+  return np.asarray(customization_weights(jnp.asarray(requests, jnp.float32), jnp.asarray(self_ids),
+                                          jnp.asarray(has_self), jnp.asarray(updates, jnp.float32),
+                                          jnp.asarray(valid), alpha, phi))
+
+
+def random_pool(seed=0, k=5, d=7):
+  rng = np.random.default_rng(seed)
+  return rng.normal(size=(k, d)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------- weights (Eqs. 4-5)
+def test_alpha_zero_gives_uniform_weights_p1():
+  upd = random_pool()
+  valid = np.array([True, True, False, True, True])  # P = 4
+  pooled = weights_of(upd[[0]], [0], [True], upd, valid, 0.0, 0.3)[0]
+  np.testing.assert_allclose(pooled, [0.3, 0.7 / 3, 0, 0.7 / 3, 0.7 / 3], atol=1e-6)
+  new = weights_of(upd[[2]], [2], [False], upd, valid, 0.0, 0.3)[0]
+  np.testing.assert_allclose(new, [0.25, 0.25, 0, 0.25, 0.25], atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha,phi", [(0.0, 0.0), (2.0, 0.1), (10.0, 0.3), (50.0, 1.0)])
+def test_weights_are_on_the_simplex_p2(alpha, phi):
+  upd = random_pool(1, k=6)
+  valid = np.array([True, False, True, True, True, True])
+  w = weights_of(upd, np.arange(6), valid, upd, valid, alpha, phi)
+  assert (w >= 0).all()
+  np.testing.assert_allclose(w[valid].sum(1), 1.0, atol=1e-6)
+  assert (w[:, ~valid] == 0).all()  # nobody outside the pool gets weight
+
+
+def test_softmax_by_hand_and_self_weight():
+  upd = np.array([[1.0, 0.0], [1.0, 1.0], [-1.0, 0.0]], np.float32)
+  w = weights_of(upd[[0]], [0], [True], upd, [True, True, True], 2.0, 0.25)[0]
+  s1, s2 = 1 / np.sqrt(2), -1.0
+  e = np.exp(2 * np.array([s1, s2]))
+  np.testing.assert_allclose(w, [0.25, 0.75 * e[0] / e.sum(), 0.75 * e[1] / e.sum()], atol=1e-6)
+
+
+def test_scale_invariance_p9_and_large_alpha_p10():
+  upd = random_pool(2)
+  valid = np.ones(5, bool)
+  base = weights_of(upd[[1]], [1], [False], upd, valid, 10.0, 0.3)
+  scaled = weights_of(3.0 * upd[[1]], [1], [False], 5.0 * upd, valid, 10.0, 0.3)
+  np.testing.assert_allclose(base, scaled, atol=1e-6)
+  sims = (upd @ upd[0]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[0]))
+  hot = weights_of(upd[[0]], [0], [False], upd, valid, 1e4, 0.3)[0]
+  assert hot[np.argmax(sims)] == pytest.approx(1.0, abs=1e-6)  # the request's own row, cos = 1
+  pooled = weights_of(upd[[0]], [0], [True], upd, valid, 1e4, 0.3)[0]
+  others = sims.copy()
+  others[0] = -np.inf
+  expected = np.zeros(5)
+  expected[0], expected[np.argmax(others)] = 0.3, 0.7
+  np.testing.assert_allclose(pooled, expected, atol=1e-5)
+
+
+def test_lonely_pooled_client_keeps_its_own_model_and_nan_similarity_is_minus_one():
+  upd = np.array([[1.0, 2.0], [0.0, 0.0], [3.0, 1.0]], np.float32)
+  w = weights_of(upd[[0]], [0], [True], upd, [True, False, False], 10.0, 0.3)[0]
+  np.testing.assert_allclose(w, [1.0, 0.0, 0.0])
+  # a zero update has an undefined cosine: -1, as the artifact sets it
+  w = weights_of(upd[[0]], [0], [False], upd, [False, True, True], 1.0, 0.3)[0]
+  cos2 = upd[0] @ upd[2] / (np.linalg.norm(upd[0]) * np.linalg.norm(upd[2]))
+  e = np.exp([-1.0, cos2])
+  np.testing.assert_allclose(w[1:], e / e.sum(), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- server side
+def fedcap_parts(**kw):
+  data, params, apply_fn = setup(data=make_data(sizes=(7, 12, 6, 9)))
+  alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, **kw)
+  return data, params, apply_fn, alg
+
+
+def flat(tree):
+  return np.asarray(ravel_pytree(tree)[0])
+
+
+def test_phi_one_returns_own_recovered_model_p3_and_identical_pool_p8():
+  _, params, _, alg = fedcap_parts(phi=1.0)
+  state = alg.init_server(params)
+  rng = np.random.default_rng(0)
+  models = jnp.asarray(rng.normal(size=state.pool_models.shape), jnp.float32)
+  state = state._replace(pool_models=models, pool_updates=models * 0.1 + 1.0, pool_valid=jnp.ones(K, bool))
+  _, own = alg.broadcast(state, jnp.arange(K))
+  np.testing.assert_allclose(own["customized"], models, atol=1e-6)
+  _, params2, _, alg2 = fedcap_parts(alpha=7.0, phi=0.2)
+  same = jnp.broadcast_to(models[2], models.shape)
+  state = state._replace(pool_models=same)
+  _, own = alg2.broadcast(state, jnp.arange(K))
+  np.testing.assert_allclose(own["customized"], same, atol=1e-5)
+
+
+def client_outputs(alg, params, data, state, ids=None):
+  ids = jnp.arange(K) if ids is None else ids
+  shared, own = alg.broadcast(state, ids)
+  cdata = ClientData(jnp.asarray(data.x_train[ids]), jnp.asarray(data.y_train[ids]), jnp.asarray(data.n_train[ids]))
+  cstate = jax.tree.map(lambda a: jnp.broadcast_to(a, (len(ids),) + a.shape), alg.init_client(params))
+  keys = jax.random.split(jax.random.key(0), len(ids))
+  return jax.vmap(lambda o, s, d, k: alg.client_update((shared, o), s, d, k))(own, cstate, cdata, keys), cdata
+
+
+def test_round_zero_recovery_and_calibration_p4_p5_p6_p7():
+  data, params, apply_fn, alg = fedcap_parts()
+  state = alg.init_server(params)
+  out, cdata = client_outputs(alg, params, data, state)
+  weights = cdata.n.astype(jnp.float32)
+  new, diag = alg.server_update(state, out.upload, weights, jax.random.key(1), jnp.arange(K))
+  deltas = np.stack([flat(jax.tree.map(lambda a: a[i], out.upload["delta"])) for i in range(K)])
+  w0 = flat(params)
+  np.testing.assert_allclose(np.asarray(new.pool_updates), deltas, atol=1e-6)  # d̃^0 = d^0
+  np.testing.assert_allclose(np.asarray(new.pool_models), w0 + deltas, atol=1e-6)  # w̃ = ŵ + d = trained w
+  # the recovered model is the client's own ERM model: E epochs of SGD from w^0 (P18: independent of v)
+  loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  opt = optax.sgd(0.1)
+  c1 = jax.tree.map(lambda a: a[1], cdata)
+  key1 = jax.random.split(jax.random.split(jax.random.key(0), K)[1])[1]
+  trained, _, _ = local_train(loss, opt, params, opt.init(params), c1, key1, SPEC)
+  np.testing.assert_allclose(np.asarray(new.pool_models[1]), flat(trained), atol=1e-5)
+  n = np.asarray(weights)
+  np.testing.assert_allclose(flat(new.global_params), (n[:, None] * (w0 + deltas)).sum(0) / n.sum(), atol=1e-5)
+  assert np.asarray(new.pool_valid).all() and not np.asarray(diag["flagged"]).any()
+
+
+def test_lambda_zero_personal_model_is_plain_sgd_p17():
+  data, params, apply_fn, alg = fedcap_parts(lamda=0.0)
+  out, cdata = client_outputs(alg, params, data, alg.init_server(params))
+  # with λ = 0 and v = w = w^0 at round 0, v and w follow the same SGD path
+  w_trained = jax.tree.map(lambda p, d: p[None] + d, params, out.upload["delta"])
+  assert_trees_close(out.state["v"], w_trained, atol=1e-6)
+  _, _, _, alg_prox = fedcap_parts(lamda=5.0)
+  out_prox, _ = client_outputs(alg_prox, params, data, alg_prox.init_server(params))
+  assert_trees_close(out_prox.upload["delta"], out.upload["delta"], atol=1e-6)  # w ignores v and λ
+  assert not np.allclose(flat(jax.tree.map(lambda a: a[0], out_prox.state["v"])),
+                         flat(jax.tree.map(lambda a: a[0], out.state["v"])))
+
+
+def test_detection_is_strict_nan_counts_and_removal_is_permanent_p11():
+  _, params, _, alg = fedcap_parts(norm_threshold=1.0)
+  state = alg.init_server(params)
+  d = flat(params).shape[0]
+  unit = np.zeros((K, d), np.float32)
+  unit[:, 0] = [1.0, 1.0 + 1e-3, np.nan, 0.5]  # ‖d̃‖ = T, T + ε, NaN, below
+  _, unravel = ravel_pytree(params)
+  uploads = {"delta": jax.vmap(unravel)(jnp.asarray(unit))}
+  new, diag = alg.server_update(state, uploads, jnp.ones(K), jax.random.key(0), jnp.arange(K))
+  np.testing.assert_array_equal(np.asarray(new.removed), [False, True, True, False])
+  np.testing.assert_array_equal(np.asarray(new.pool_valid), [True, False, False, True])
+  np.testing.assert_array_equal(np.asarray(new.removed_round), [0, 1, 1, 0])
+  assert np.isfinite(flat(new.global_params)).all()  # the NaN upload never reaches the global model
+  np.testing.assert_allclose(flat(new.global_params), flat(params) + (unit[0] + unit[3]) / 2, atol=1e-6)
+  # next round everyone uploads a tiny benign update: removed clients stay out of the pool and the global model
+  small = {"delta": jax.vmap(unravel)(jnp.full((K, d), 1e-4, jnp.float32))}
+  again, _ = alg.server_update(new, small, jnp.ones(K), jax.random.key(1), jnp.arange(K))
+  np.testing.assert_array_equal(np.asarray(again.removed), [False, True, True, False])
+  np.testing.assert_array_equal(np.asarray(again.pool_valid), [True, False, False, True])
+  np.testing.assert_array_equal(np.asarray(again.removed_round), [0, 1, 1, 0])
+
+
+def test_no_calibration_ablation_uses_raw_uploads_and_never_detects_p21():
+  _, params, _, alg = fedcap_parts(calibrate=False, norm_threshold=1e-6)
+  state = alg.init_server(params)
+  d = flat(params).shape[0]
+  _, unravel = ravel_pytree(params)
+  raw = np.random.default_rng(0).normal(size=(K, d)).astype(np.float32)
+  new, diag = alg.server_update(state, {"delta": jax.vmap(unravel)(jnp.asarray(raw))}, jnp.ones(K),
+                                jax.random.key(0), jnp.arange(K))
+  assert not np.asarray(new.removed).any()
+  np.testing.assert_allclose(np.asarray(new.pool_updates), raw, atol=1e-6)
+
+
+def test_detection_summary_p22():
+  removed = np.array([0, 1, 0, 0, 1, 1], bool)
+  malicious = np.array([0, 1, 0, 0, 1, 1], bool)
+  r = detection_rates(removed, malicious)
+  assert float(r["accuracy"]) == 1.0 and float(r["fpr"]) == 0.0 and float(r["fnr"]) == 0.0
+  none = detection_rates(np.zeros(20, bool), np.isin(np.arange(20), [1, 8, 10, 17, 18, 19]))
+  assert float(none["accuracy"]) == pytest.approx(0.7) and float(none["fnr"]) == 1.0
+
+
+def test_request_branch_for_clients_outside_the_pool_p19():
+  data, params, apply_fn, alg = fedcap_parts(request_updates=True, alpha=3.0, phi=0.3)
+  state = alg.init_server(params)
+  ids = jnp.array([0, 1, 2])
+  out, cdata = client_outputs(alg, params, data, state, ids)
+  state, _ = alg.server_update(state, out.upload, cdata.n.astype(jnp.float32), jax.random.key(0), ids)
+  assert np.asarray(state.pool_valid).tolist() == [True, True, True, False]
+  # client 3 was not in the pool: it trains E epochs of plain SGD from w^{t-1} for its request r_3
+  shared, own = alg.broadcast(state, jnp.arange(K))
+  c3 = ClientData(jnp.asarray(data.x_train[3]), jnp.asarray(data.y_train[3]), jnp.asarray(data.n_train[3]))
+  params3 = alg.personal_params((shared, jax.tree.map(lambda a: a[3], own)), {"v": params}, c3, jax.random.key(5))
+  loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  trained, _, _ = local_train(loss, optax.sgd(0.1), state.global_params, optax.sgd(0.1).init(params), c3,
+                              jax.random.key(5), SPEC)
+  request = flat(trained) - flat(state.global_params)
+  w = weights_of(request[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
+  assert w[3] == 0.0  # no self weight
+  np.testing.assert_allclose(flat(params3["customized"]), w @ np.asarray(state.pool_models), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------- engine
+@pytest.mark.parametrize("request_updates,cohort", [(False, None), (True, 3)])
+def test_vectorized_round_equals_sequential(request_updates, cohort):
+  data, params, apply_fn, _ = fedcap_parts()
+  finals = []
+  for name in ("vmap", "sequential"):
+    alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=request_updates)
+    sim = Simulator(alg, data, apply_fn, make_strategy(name), cohort_size=cohort)
+    state = sim.init(params, 0)
+    for _ in range(3):
+      state, _ = sim.run_round(state)
+    finals.append((state, sim.evaluate(state)))
+  (s1, e1), (s2, e2) = finals
+  assert_trees_close(s1.server.global_params, s2.server.global_params)
+  assert_trees_close(s1.clients, s2.clients)
+  assert e1["customized_client_acc"] == e2["customized_client_acc"]
+  assert e1["personalized_client_acc"] == e2["personalized_client_acc"]
+
+
+def test_invalid_hyperparameters_raise():
+  _, params, apply_fn = setup()
+  for bad in ({"alpha": -1.0}, {"phi": 1.5}, {"lamda": -0.1}, {"norm_threshold": 0.0}):
+    with pytest.raises(ValueError):
+      make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, **bad)
