@@ -28,6 +28,7 @@ from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
+from fedjax_robust.algorithms.fedcap import make_fedcap
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
@@ -37,7 +38,7 @@ from fedjax_robust.simulation import SimState, Simulator
 
 logger = logging.getLogger("fedjax_robust")
 
-ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local")
+ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local", "fedcap")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -53,6 +54,16 @@ def default_config() -> ml_collections.ConfigDict:
       "mu": 0.01,  # FedProx proximal weight (used by 'fedprox')
       "ft_mode": "last_local",  # FedAvg-FT: 'last_local' (FedCAP spec §3) or 'finetune' (fine-tune at eval)
       "finetune_epochs": 1,  # FedAvg-FT with ft_mode='finetune': local epochs from the global model
+      # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py)
+      "fedcap": ml_collections.ConfigDict({
+          "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
+          "phi": 0.3,  # self-weight of a pooled client (Eq. 5)
+          "lamda": 0.1,  # prox weight of the personalized model toward the customized one (Eq. 7)
+          "norm_threshold": 10.0,  # T_norm: a calibrated update with a larger norm (or NaN) removes the client
+          "calibrate": True,  # False: Table IV variants 1 and 4 (raw uploads, no detection)
+          "personalize": True,  # False: Table IV variants 1 and 3 (no personalized model)
+          "request_updates": "auto",  # clients outside the pool send a request update; auto = partial participation
+      }),
   })
   c.client = ml_collections.ConfigDict({
       "epochs": 1,
@@ -156,7 +167,8 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
   return ClientData(jnp.asarray(data.x_train[k, i]), jnp.asarray(data.y_train[k, i], jnp.int32), jnp.int32(size))
 
 
-def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None) -> FedAlgorithm:
+def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None, num_clients=None,
+                   cohort=None) -> FedAlgorithm:
   name = config.algorithm.name
   client_opt = optimizer_from_config(config.client)
   server_opt = optimizer_from_config(config.server)
@@ -174,6 +186,18 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
     if aggregator is not None:
       raise ValueError("algorithm 'local' aggregates nothing; leave aggregator.name='mean'")
     return make_local(apply_fn, client_opt, spec)
+  if name == "fedcap":
+    if aggregator is not None:
+      raise ValueError("algorithm 'fedcap' aggregates with its own customized aggregation; leave aggregator.name='mean'")
+    f = config.algorithm.fedcap
+    request = f.request_updates
+    if request == "auto":
+      request = cohort is not None and cohort < num_clients
+    elif not isinstance(request, bool):
+      raise ValueError(f"algorithm.fedcap.request_updates must be 'auto', True or False, got {request!r}")
+    return make_fedcap(apply_fn, client_opt, spec, num_clients, alpha=float(f.alpha), phi=float(f.phi),
+                       lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
+                       personalize=bool(f.personalize), request_updates=bool(request))
   raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
 
 
@@ -218,7 +242,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     aggregator = aggregator_from_config(agg_cfg, num_clients=cohort)
     if _uses_rule(agg_cfg, "fltrust"):
       root_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
-  algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data)
+  algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data, num_clients=data.num_clients, cohort=cohort)
   transform = attacks.as_upload_transform(attack, malicious) if attack is not None else None
   simulator = Simulator(algorithm, data, apply_fn, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor)
@@ -341,7 +365,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   if bar is not None:
     bar.close()
   elapsed = time.perf_counter() - t0
-  final = {k: v for k, v in record.items() if k != "client_acc"}
+  final = {k: v for k, v in record.items() if not k.endswith("client_acc")}
   summary = {
       "final": final,
       "final_client_acc": record.get("client_acc"),
