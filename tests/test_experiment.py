@@ -104,16 +104,16 @@ def test_run_py_cli_with_overrides(tmp_path):
   assert json.loads((tmp_path / "cli" / "summary.json").read_text())["final"]["round"] == 2
 
 
-def load_config(name):
+def load_config(name, *args):
   import importlib.util
   spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / "configs" / f"{name}.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module.get_config(*args)
 
 
 REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_mnist",
-                     "cifar10_fedcap_setting": "cifar10_jpeg"}
+                     "cifar10_fedcap_setting": "cifar10_jpeg", "fedcap_cifar10": "cifar10_jpeg"}
 
 
 def test_every_config_file_is_listed_here():
@@ -133,6 +133,15 @@ def test_real_data_configs_build_on_the_shared_copies(name, shared_data, data_ca
     assert exp.data.n_train.tolist() == [225] * 20 and exp.data.n_test.tolist() == [75] * 20
     assert exp.data.label_histograms("train")[0].nonzero()[0].tolist() == [0, 1]
     assert exp.strategy in ("sequential", "shard_map")  # the CPU default for a conv net
+  if name == "fedcap_cifar10":
+    assert exp.algorithm.name == "fedcap" and exp.algorithm.eval_models == ("customized", "personalized")
+    assert exp.malicious is None  # the default scenario is benign
+    ipm = load_config(name, "ipm")
+    assert ipm.attack.name == "ipm" and ipm.attack.legacy_numpy_selection  # FedCAP's ids {1, 8, 10, 17, 18, 19}
+    assert (ipm.algorithm.fedcap.alpha, ipm.algorithm.fedcap.phi, ipm.algorithm.fedcap.lamda) == (10.0, 0.3, 0.1)
+    assert load_config(name, "scaling").algorithm.fedcap.lamda == 10.0  # spec 1.2: lambda = 10 for CIFAR-10 MR
+    with pytest.raises(ValueError, match="scenario"):
+      load_config(name, "nonsense")
 
 
 def test_mnist_config_runs_a_round(shared_data, data_cache_dir, tmp_path):
