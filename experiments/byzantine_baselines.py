@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments import grid  # noqa: E402
+
 ATTACKS = {"sign_flip": "SF", "scaling": "MR", "lie": "LIE", "min_max": "Min-Max", "min_sum": "Min-Sum", "ipm": "IPM"}
 # M̂ = int(N * 0.3) = 6 expected attackers (spec §3).
 RULES = {
@@ -66,17 +68,9 @@ def cell_config(args, attack: str, rule: str):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--data_dir", default=None)
-  parser.add_argument("--rounds", type=int, default=100)
-  parser.add_argument("--epochs", type=int, default=5)
-  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--attacks", default=",".join(ATTACKS))
   parser.add_argument("--rules", default=",".join(RULES))
-  parser.add_argument("--strategy", default="", help="engine strategy (default: the backend's default)")
-  parser.add_argument("--out_dir", default="runs/byzantine_baselines")
-  parser.add_argument("--shard", default="", help="write results.<shard>.json, so several processes (e.g. one per "
-                      "rule, on one GPU) can fill one out_dir; the table merges every results*.json there")
-  parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir into table.md")
+  grid.add_common_args(parser, "runs/byzantine_baselines")
   args = parser.parse_args()
   logging.basicConfig(level=logging.WARNING)
   import jax
@@ -84,8 +78,8 @@ def main():
 
   out = Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  results_path = out / (f"results.{args.shard}.json" if args.shard else "results.json")
-  results = json.loads(results_path.read_text()) if results_path.exists() else {}
+  results_path = grid.results_file(out, args.shard)
+  results = grid.load_results(results_path)
   attacks, rules = args.attacks.split(","), args.rules.split(",")
   if args.table_only:
     attacks, rules = list(ATTACKS), list(RULES)
@@ -106,18 +100,10 @@ def main():
             f"(global {results[key]['global']:.2f}, local {results[key]['local']:.2f}) {results[key]['wall_s']:.0f}s",
             flush=True)
       results_path.write_text(json.dumps(results, indent=1))
-  merged = merged_results(out)
+  merged = grid.merged_results(out)
   table = markdown_table(merged, [a for a in ATTACKS if a in attacks], [r for r in RULES if r in rules])
   (out / "table.md").write_text(table)
   print(table)
-
-
-def merged_results(out: Path) -> dict:
-  """Every cell found in ``out/results*.json`` (later files win on a repeated cell)."""
-  merged = {}
-  for path in sorted(out.glob("results*.json")):
-    merged.update(json.loads(path.read_text()))
-  return merged
 
 
 def markdown_table(results, attacks, rules) -> str:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments import grid  # noqa: E402
+
 SCENARIOS = {"none": "Benign", "label_flip": "LF", "sign_flip": "SF", "scaling": "MR", "lie": "LIE",
              "min_max": "Min-Max", "min_sum": "Min-Sum", "ipm": "IPM"}
 # specs/fedcap.md §5.2 (Table III, CIFAR-10; Table I's FedCAP column is the same TAcc). LF is in Fig. 7 only.
@@ -65,21 +67,14 @@ def removal_record(run_dir: Path, malicious: list[int], num_clients: int) -> dic
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--data_dir", default=None)
-  parser.add_argument("--rounds", type=int, default=100)
-  parser.add_argument("--epochs", type=int, default=5)
-  parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-  parser.add_argument("--strategy", default="", help="engine strategy (default: the backend's default)")
-  parser.add_argument("--out_dir", default="runs/fedcap_cifar10")
-  parser.add_argument("--shard", default="", help="write results.<shard>.json so several processes can share out_dir")
-  parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir")
+  grid.add_common_args(parser, "runs/fedcap_cifar10")
   args = parser.parse_args()
   logging.basicConfig(level=logging.WARNING)
   out = Path(args.out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  results_path = out / (f"results.{args.shard}.json" if args.shard else "results.json")
-  results = json.loads(results_path.read_text()) if results_path.exists() else {}
+  results_path = grid.results_file(out, args.shard)
+  results = grid.load_results(results_path)
   if not args.table_only:
     import jax
     from fedjax_robust.experiment import run_experiment
@@ -104,10 +99,7 @@ def main():
             f"{r['personalized']:.2f}) DAcc {r['dacc']:.0f} FPR {r['fpr']:.0f} FNR {r['fnr']:.0f} "
             f"removed {r['removed_round']} {r['wall_s']:.0f}s", flush=True)
       results_path.write_text(json.dumps(results, indent=1))
-  merged = {}
-  for path in sorted(out.glob("results*.json")):
-    merged.update(json.loads(path.read_text()))
-  table = markdown_table(merged)
+  table = markdown_table(grid.merged_results(out))
   (out / "table.md").write_text(table)
   print(table)
 
