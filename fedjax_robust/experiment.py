@@ -27,8 +27,10 @@ from fedjax_robust import attacks
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
+from fedjax_robust.algorithms.ditto import make_ditto
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
+from fedjax_robust.algorithms.fedrod import make_fedrod
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
@@ -38,7 +40,7 @@ from fedjax_robust.simulation import SimState, Simulator
 
 logger = logging.getLogger("fedjax_robust")
 
-ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local", "fedcap")
+ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -54,6 +56,8 @@ def default_config() -> ml_collections.ConfigDict:
       "mu": 0.01,  # FedProx proximal weight (used by 'fedprox')
       "ft_mode": "last_local",  # FedAvg-FT: 'last_local' (FedCAP spec §3) or 'finetune' (fine-tune at eval)
       "finetune_epochs": 1,  # FedAvg-FT with ft_mode='finetune': local epochs from the global model
+      "lamda": 1.0,  # Ditto: prox weight of the personalized model toward the received global one (spec §3)
+      "fedrod_count_floor": 1e-8,  # FedRoD: class counts clamped below before the balanced-softmax log
       # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py)
       "fedcap": ml_collections.ConfigDict({
           "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
@@ -168,7 +172,7 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
 
 
 def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None, num_clients=None,
-                   cohort=None) -> FedAlgorithm:
+                   cohort=None, features_fn=None) -> FedAlgorithm:
   name = config.algorithm.name
   client_opt = optimizer_from_config(config.client)
   server_opt = optimizer_from_config(config.server)
@@ -182,6 +186,16 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
   if name == "fedavg_ft":
     return make_fedavg(apply_fn, client_opt, spec, server_opt, finetune_epochs=int(config.algorithm.finetune_epochs),
                        name="fedavg_ft", ft_mode=config.algorithm.ft_mode, **common)
+  if name in ("ditto", "fedrod") and persist:
+    raise ValueError(f"algorithm {name!r} resets the client optimizer every round; "
+                     "leave client.persist_optimizer_state=False")
+  if name == "ditto":
+    return make_ditto(apply_fn, client_opt, spec, server_opt, lamda=float(config.algorithm.lamda),
+                      aggregator=aggregator, root_data=root_data)
+  if name == "fedrod":
+    return make_fedrod(apply_fn, client_opt, spec, server_opt, features_fn=features_fn,
+                       count_floor=float(config.algorithm.fedrod_count_floor), aggregator=aggregator,
+                       root_data=root_data)
   if name == "local":
     if aggregator is not None:
       raise ValueError("algorithm 'local' aggregates nothing; leave aggregator.name='mean'")
@@ -242,7 +256,9 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     aggregator = aggregator_from_config(agg_cfg, num_clients=cohort)
     if _uses_rule(agg_cfg, "fltrust"):
       root_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
-  algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data, num_clients=data.num_clients, cohort=cohort)
+  features_fn = lambda p, x: model.apply({"params": p}, x, method="features")
+  algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data, num_clients=data.num_clients, cohort=cohort,
+                             features_fn=features_fn)
   transform = attacks.as_upload_transform(attack, malicious) if attack is not None else None
   simulator = Simulator(algorithm, data, apply_fn, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor)
