@@ -116,7 +116,7 @@ def masked_mean(flat: jax.Array, sel: jax.Array) -> jax.Array:
   """Mean of the selected rows (0 if none is selected)."""
   w = sel.astype(flat.dtype)
   count = jnp.sum(w)
-  return jnp.sum(w[:, None] * flat, axis=0) / jnp.maximum(count, 1)
+  return _column_sum(w, flat) / jnp.maximum(count, 1)
 
 
 def masked_mean_std(flat: jax.Array, sel: jax.Array, ddof: int = 1) -> tuple[jax.Array, jax.Array]:
@@ -126,9 +126,15 @@ def masked_mean_std(flat: jax.Array, sel: jax.Array, ddof: int = 1) -> tuple[jax
   """
   w = sel.astype(flat.dtype)
   count = jnp.sum(w)
-  mu = jnp.sum(w[:, None] * flat, axis=0) / jnp.maximum(count, 1)
-  var = jnp.sum(w[:, None] * (flat - mu) ** 2, axis=0) / jnp.maximum(count - ddof, 1)
+  mu = _column_sum(w, flat) / jnp.maximum(count, 1)
+  var = _column_sum(w, (flat - mu) ** 2) / jnp.maximum(count - ddof, 1)
   return mu, jnp.sqrt(var)
+
+
+def _column_sum(w: jax.Array, flat: jax.Array) -> jax.Array:
+  """``Σ_i w_i flat_i`` as a full-precision dot: XLA:CPU turned the ``sum(w[:, None] * flat, 0)`` form, with a
+  traced mask, into a loop ~100x slower (LIE at 100 x 100k: 2.6 s vs 0.03 s); the dot is fast on every backend."""
+  return jnp.dot(w, flat, precision=jax.lax.Precision.HIGHEST)
 
 
 def row_sq_dists(flat: jax.Array, point: jax.Array) -> jax.Array:
