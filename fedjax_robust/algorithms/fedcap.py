@@ -45,7 +45,8 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
-from fedjax_robust.algorithms.fedavg import classification_loss, squared_distance, tree_sub
+from fedjax_robust.algorithms.ditto import ditto_pair_loss
+from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 
 PyTree = Any
@@ -134,16 +135,10 @@ def make_fedcap(
   ce_loss = classification_loss(apply_fn)
 
   def pair_loss(anchor):
-    """CE(w) + CE(v) + λ/2‖v - ŵ‖² with ŵ frozen: its gradient is the artifact's two steps on one batch (§1.5)."""
-
-    def loss_fn(params, x, y, mask):
-      loss = masked_cross_entropy(apply_fn(params["w"], x), y, mask)
-      if personalize:
-        loss = loss + masked_cross_entropy(apply_fn(params["v"], x), y, mask)
-        loss = loss + 0.5 * lamda * squared_distance(params["v"], anchor)
-      return loss
-
-    return loss_fn
+    """CE(w) + CE(v) + λ/2‖v - ŵ‖² with ŵ frozen (Ditto's pair loss, spec §1.5); CE(w) alone without personalization."""
+    if personalize:
+      return ditto_pair_loss(apply_fn, anchor, lamda)
+    return lambda params, x, y, mask: masked_cross_entropy(apply_fn(params["w"], x), y, mask)
 
   def init_server(params):
     flat, _ = ravel_pytree(params)
