@@ -30,6 +30,7 @@ from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.ditto import make_ditto
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
+from fedjax_robust.algorithms.fedfomo import make_fedfomo
 from fedjax_robust.algorithms.fedrod import make_fedrod
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
@@ -40,7 +41,7 @@ from fedjax_robust.simulation import SimState, Simulator
 
 logger = logging.getLogger("fedjax_robust")
 
-ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod")
+ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod", "fedfomo")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -67,6 +68,13 @@ def default_config() -> ml_collections.ConfigDict:
           "calibrate": True,  # False: Table IV variants 1 and 4 (raw uploads, no detection)
           "personalize": True,  # False: Table IV variants 1 and 3 (no personalized model)
           "request_updates": "auto",  # clients outside the pool send a request update; auto = partial participation
+      }),
+      # FedFomo (specs/fedcap.md §3; Zhang et al. ICLR 2021; fedjax_robust/algorithms/fedfomo.py)
+      "fedfomo": ml_collections.ConfigDict({
+          "num_models": 0,  # O models sent per client; 0 = half the cohort (FedCAP: 10 of 20)
+          "val_fraction": 0.2,  # last floor(0.2 n_k) real training rows of each client are its validation set
+          "epsilon": 0.3,  # epsilon-greedy exploration (official FedFomo default)
+          "epsilon_decay": 0.05,  # epsilon_t = max(epsilon - decay * t, 0)
       }),
   })
   c.client = ml_collections.ConfigDict({
@@ -186,7 +194,7 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
   if name == "fedavg_ft":
     return make_fedavg(apply_fn, client_opt, spec, server_opt, finetune_epochs=int(config.algorithm.finetune_epochs),
                        name="fedavg_ft", ft_mode=config.algorithm.ft_mode, **common)
-  if name in ("ditto", "fedrod") and persist:
+  if name in ("ditto", "fedrod", "fedfomo") and persist:
     raise ValueError(f"algorithm {name!r} resets the client optimizer every round; "
                      "leave client.persist_optimizer_state=False")
   if name == "ditto":
@@ -212,6 +220,15 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
     return make_fedcap(apply_fn, client_opt, spec, num_clients, alpha=float(f.alpha), phi=float(f.phi),
                        lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
                        personalize=bool(f.personalize), request_updates=bool(request))
+  if name == "fedfomo":
+    if aggregator is not None:
+      raise ValueError("algorithm 'fedfomo' aggregates nothing globally (each client combines the models it is "
+                       "sent); leave aggregator.name='mean'")
+    f = config.algorithm.fedfomo
+    num_models = int(f.num_models) or max(1, (cohort or num_clients) // 2)
+    return make_fedfomo(apply_fn, client_opt, spec, num_clients, num_models=num_models,
+                        val_fraction=float(f.val_fraction), epsilon=float(f.epsilon),
+                        epsilon_decay=float(f.epsilon_decay))
   raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
 
 
