@@ -121,9 +121,26 @@ REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_
                      "cifar10_fedcap_setting": "cifar10_jpeg", "fedcap_cifar10": "cifar10_jpeg"}
 
 
+# Configs whose data is not available offline here: they must load and fail fast with a clear error.
+ABSENT_DATA_CONFIGS = {"fedcap_emnist": "emnist-byclass-train-images-idx3-ubyte.gz"}
+
+
 def test_every_config_file_is_listed_here():
   names = {p.stem for p in (REPO / "experiments" / "configs").glob("*.py")}
-  assert names == {"quickstart"} | set(REAL_DATA_CONFIGS)
+  assert names == {"quickstart"} | set(REAL_DATA_CONFIGS) | set(ABSENT_DATA_CONFIGS)
+
+
+def test_fedcap_emnist_config_matches_the_spec_and_fails_fast_without_data(tmp_path):
+  from fedjax_robust.data.errors import DatasetNotFoundError
+  from fedjax_robust.experiment import cohort_size
+  c = load_config("fedcap_emnist", "min_max")
+  assert (c.data.name, c.data.num_clients, c.data.partition.name, c.model.name) == ("emnist", 100, "group",
+                                                                                      "emnist_cnn")
+  assert cohort_size(c, 100) == 20 and c.attack.name == "min_max"  # spec 4.1: 20% participation, N = 20
+  assert (c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda) == (10.0, 0.3, 0.5)
+  c.data.data_dir, c.data.cache_dir = str(tmp_path), str(tmp_path / "cache")
+  with pytest.raises(DatasetNotFoundError, match=ABSENT_DATA_CONFIGS["fedcap_emnist"]):
+    build_experiment(c)
 
 
 @pytest.mark.parametrize("name", sorted(REAL_DATA_CONFIGS))

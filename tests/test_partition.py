@@ -230,3 +230,40 @@ def test_save_load_roundtrip(tmp_path, suffix):
 def test_errors(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+# ----------------------------------------------------------------------------- group (FedCAP EMNIST)
+def test_group_partition_dominant_share_assigns_everything_once_and_is_seeded():
+  from fedjax_robust.data.partition import group
+  y = np.repeat(np.arange(6), 100)
+  groups = [[0, 1], [2, 3], [4, 5]]
+  parts = group(y, 6, seed=3, class_groups=groups, dominant_fraction=0.8)
+  assert sorted(np.concatenate(parts).tolist()) == list(range(600))  # every sample exactly once
+  # 80 of each class go to the 2 clients of its group (40 each), the other 20 x 6 = 120 are spread 20 per client
+  for client, idx in enumerate(parts):
+    hist = np.bincount(y[idx], minlength=6)
+    own = groups[client // 2]
+    assert len(idx) == 100
+    assert hist[own].sum() >= 80  # 2 x 40 dominant + whatever of the IID part is from its own classes
+    assert hist.sum() - hist[own].sum() <= 20
+  again = group(y, 6, seed=3, class_groups=groups)
+  assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+  other = group(y, 6, seed=4, class_groups=groups)
+  assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+
+
+def test_group_partition_defaults_and_errors():
+  from fedjax_robust.data.partition import default_class_groups, group
+  assert [len(g) for g in default_class_groups(62)] == [10, 26, 26]  # EMNIST ByClass: digits / upper / lower
+  y = np.repeat(np.arange(62), 20)
+  parts = group(y, 100, seed=0)
+  assert [len(b) for b in np.array_split(np.arange(100), 3)] == [34, 33, 33]
+  assert sum(len(p) for p in parts) == len(y)
+  digits_in_block0 = sum(int(np.isin(y[parts[k]], range(10)).sum()) for k in range(34))
+  assert digits_in_block0 >= 0.8 * 200  # the 80% dominant part of the 10 digit classes (200 samples) stays in block 0
+  with pytest.raises(ValueError, match="exactly once"):
+    group(np.repeat(np.arange(4), 5), 3, 0, class_groups=[[0, 1], [1, 2, 3]])
+  with pytest.raises(ValueError, match="dominant_fraction"):
+    group(np.repeat(np.arange(4), 5), 3, 0, dominant_fraction=1.5)
+  with pytest.raises(ValueError, match="one client per group"):
+    group(np.repeat(np.arange(6), 5), 2, 0)

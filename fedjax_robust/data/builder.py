@@ -138,6 +138,10 @@ def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None
     params = {"sigma": float(sigma), "classes_per_client": cpc, "min_size": min_size}
   elif name == "natural":
     params = {"groups": groups, "min_size": max(1, min_size)}
+  elif name == "group":
+    params = {"dominant_fraction": float(_get(pcfg, "dominant_fraction", 0.8))}
+    if _get(pcfg, "class_groups") is not None:
+      params["class_groups"] = [list(g) for g in _get(pcfg, "class_groups")]
   else:
     raise ValueError(f"unknown partition {name!r}; known partitions: {list(PARTITION_NAMES)}")
   parts = P.partition_by_name(name, labels, num_clients, seed, **params)

@@ -452,6 +452,51 @@ def natural(labels, num_clients: int | None, seed: int, groups=None, min_size: i
   return _finish([np.flatnonzero(groups == g) for g in ids])
 
 
+def default_class_groups(num_classes: int) -> list[list[int]]:
+  """EMNIST ByClass (62 classes): digits 0-9, uppercase 10-35, lowercase 36-61; otherwise 3 near-equal blocks."""
+  if num_classes == 62:
+    return [list(range(10)), list(range(10, 36)), list(range(36, 62))]
+  return [b.tolist() for b in np.array_split(np.arange(num_classes), 3) if len(b)]
+
+
+def group(labels, num_clients: int, seed: int, class_groups=None, dominant_fraction: float = 0.8,
+          num_classes: int | None = None) -> IndexList:
+  """FedCAP's EMNIST "group" partition (spec §4.1, after SCAFFOLD's "20% IID + 80% sorted").
+
+  Classes are split into groups (:func:`default_class_groups`), clients into as many
+  contiguous near-equal blocks (100 clients, 3 groups -> 34/33/33). For every class, a
+  seeded random ``dominant_fraction`` of its samples goes to the clients of the block
+  that owns the class, split evenly in index order; the remaining samples of all classes
+  are shuffled together and split evenly over all clients (the IID part).
+  """
+  labels = _as_labels(labels, num_clients)
+  c = _num_classes(labels, num_classes)
+  groups = default_class_groups(c) if class_groups is None else [list(map(int, g)) for g in class_groups]
+  flat = sorted(k for g in groups for k in g)
+  if flat != list(range(c)):
+    raise ValueError(f"class_groups must cover the classes 0..{c - 1} exactly once, got {groups}")
+  if not 0.0 <= dominant_fraction <= 1.0:
+    raise ValueError(f"dominant_fraction must be in [0, 1], got {dominant_fraction}")
+  if num_clients < len(groups):
+    raise ValueError(f"the group partition needs at least one client per group: {num_clients} clients, "
+                     f"{len(groups)} groups")
+  rng = np.random.default_rng(seed)
+  blocks = np.array_split(np.arange(num_clients), len(groups))
+  buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+  rest = []
+  for block, classes in zip(blocks, groups):
+    for k in classes:
+      idx = rng.permutation(np.flatnonzero(labels == k))
+      n_dom = int(round(dominant_fraction * len(idx)))
+      for client, part in zip(block, np.array_split(np.sort(idx[:n_dom]), len(block))):
+        buckets[client].append(part)
+      rest.append(idx[n_dom:])
+  iid_part = rng.permutation(np.concatenate(rest)) if rest else np.zeros(0, np.int64)
+  for client, part in enumerate(np.array_split(iid_part, num_clients)):
+    buckets[client].append(part)
+  return _finish([np.sort(np.concatenate(b)) for b in buckets])
+
+
 # ----------------------------------------------------------------------------- dispatch
 
 PARTITIONERS: dict[str, Callable[..., IndexList]] = {
@@ -463,6 +508,7 @@ PARTITIONERS: dict[str, Callable[..., IndexList]] = {
     "quantity_skew": quantity_skew,
     "sigma": sigma_label_skew,
     "natural": natural,
+    "group": group,
 }
 
 
