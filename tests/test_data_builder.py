@@ -29,8 +29,8 @@ def cfg(**kw):
 def test_default_config_fields():
   c = default_data_config()
   assert set(c.keys()) == {"name", "data_dir", "cache_dir", "allow_download", "seed", "num_clients",
-                           "pool", "samples_per_class", "max_samples_per_client", "train_ratio",
-                           "partition", "normalize"}
+                           "pool", "samples_per_class", "pool_size", "max_samples_per_client", "train_ratio",
+                           "client_split", "partition", "normalize"}
   assert set(c.partition.keys()) == {"name", "alpha", "classes_per_client", "min_size", "form",
                                      "balance"}
   assert (c.name, c.pool, c.train_ratio, c.normalize, c.partition.name) == ("digits", "train", 0.75, True, "dirichlet")
@@ -163,7 +163,52 @@ def test_partition_export_roundtrip(tmp_path, digits_raw):
     ({"partition": {"name": "pat", "classes_per_client": 11}}, "exceeds num_classes"),
     ({"partition": {"name": "sigma"}}, "needs a partition.sigma"),
     ({"partition": {"name": "natural"}}, "needs per-sample group ids"),
+    ({"pool_size": 0}, r"pool_size must be in \[1, 1438\]"),
+    ({"pool_size": 5000}, r"pool_size must be in \[1, 1438\]"),
+    ({"client_split": "writer"}, "unknown client_split 'writer'"),
+    ({"client_split": "source"}, "needs pool='all'"),
+    ({"partition": {"name": "group", "dominant_fraction": 1.2}}, "dominant_fraction must be in"),
 ])
 def test_builder_errors(digits_raw, kw, match):
   with pytest.raises(ValueError, match=match):
     build_federated_data(cfg(**kw), raw=None if "name" in kw else digits_raw)
+
+
+def test_pool_size_subsamples_before_the_partition(digits_raw):
+  fd = build_federated_data(cfg(num_clients=5, pool="all", pool_size=500, partition={"name": "iid"}), raw=digits_raw)
+  assert int(fd.n_train.sum() + fd.n_test.sum()) == 500 and fd.info["pool_size"] == 500
+  again = build_federated_data(cfg(num_clients=5, pool="all", pool_size=500, partition={"name": "iid"}),
+                               raw=digits_raw)
+  assert all(np.array_equal(a, b) for a, b in zip(fd.client_train_indices, again.client_train_indices))
+
+
+def test_group_partition_via_config_keeps_the_dominant_share(digits_raw):
+  """FedCAP's EMNIST partition (spec 4.1) through the builder: 3 class groups, 80% of each class in its group."""
+  groups = [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+  fd = build_federated_data(cfg(num_clients=9, pool="all", partition={"name": "group", "class_groups": groups,
+                                                                      "dominant_fraction": 0.8}), raw=digits_raw)
+  assert fd.info["partition"] == {"name": "group", "dominant_fraction": 0.8, "class_groups": groups}
+  hist = fd.label_histograms("train") + fd.label_histograms("test")
+  blocks = np.array_split(np.arange(9), 3)
+  for block, classes in zip(blocks, groups):
+    own = hist[block][:, classes].sum()
+    # the block holds the 80% dominant part of its classes plus ~3/9 of the 20% IID rest of them
+    assert own >= 0.8 * hist[:, classes].sum() - len(classes)
+    share = hist[block][:, classes].sum(1) / hist[block].sum(1)
+    assert (share > 0.7).all()
+
+
+def test_client_split_source_keeps_the_datasets_own_rows():
+  """``client_split='source'``: client k trains on its rows of the dataset's train split, tests on its test rows."""
+  from fedjax_robust.data.sources import RawDataset
+  rng = np.random.default_rng(0)
+  gtr, gte = np.repeat(np.arange(4), [6, 5, 4, 3]), np.repeat(np.arange(4), [2, 2, 1, 1])
+  raw = RawDataset("wisdm", rng.normal(size=(18, 1, 200, 3)).astype(np.float32), rng.integers(0, 6, 18),
+                   rng.normal(size=(6, 1, 200, 3)).astype(np.float32), rng.integers(0, 6, 6), 6, "synthetic",
+                   train_groups=gtr, test_groups=gte)
+  fd = build_federated_data(cfg(name="wisdm", num_clients=4, pool="all", client_split="source", normalize=False,
+                                partition={"name": "natural", "min_size": 1}), raw=raw)
+  assert fd.n_train.tolist() == [6, 5, 4, 3] and fd.n_test.tolist() == [2, 2, 1, 1]
+  np.testing.assert_array_equal(fd.x_train[0, :6], raw.x_train[:6])  # raw values, the reader's order
+  np.testing.assert_array_equal(fd.x_test[3, :1], raw.x_test[5:])
+  assert fd.info["client_split"] == "source" and fd.x_global_test.shape[0] == 6

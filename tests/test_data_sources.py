@@ -385,6 +385,119 @@ def test_md5_helpers(tmp_path):
 
 
 def test_registry_specs_consistent():
-  for name in ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "tiny_imagenet", "femnist"):
+  for name in ("digits", "mnist", "fashion_mnist", "cifar10", "cifar100", "emnist", "tiny_imagenet", "femnist",
+               "wisdm"):
     s = get_spec(name)
     assert len(s.mean) == len(s.std) == s.image_shape[-1] and s.readers
+
+
+# ----------------------------------------------------------------------------- WISDM raw (FedCAP spec 4.1)
+
+from fedjax_robust.data.readers.wisdm import WISDM_ACTIVITIES, parse_wisdm_lines  # noqa: E402
+
+MALFORMED = [
+    "5,Walking,100,1.0,2.0,3.0;5,Walking,101,1.0,2.0,3.0;",  # two records on one line (11 fields)
+    "5,Walking,102,1.0,2.0",  # missing z
+    "5,Walking,103,1.0,abc,3.0;",  # not a number
+    "5,Dancing,104,1.0,2.0,3.0;",  # unknown activity
+    "5,Walking,,1.0,2.0,3.0;",  # empty timestamp (pandas: NaN, dropped)
+    "5,Walking,105,1.0,2.0,;",  # empty z
+]
+
+
+def wisdm_rows(user, activities):
+  """Raw lines of one user; x = running row number of the user, y = user id, z = activity index."""
+  return [f"{user},{a},{1000 + i},{float(i)},{float(user)},{float(WISDM_ACTIVITIES.index(a))};"
+          for i, a in enumerate(activities)]
+
+
+def write_wisdm(folder, users, interleave_malformed=True):
+  """Writes WISDM_ar_v1.1_raw.txt; users: {id: list of activity names} (rows interleaved across users)."""
+  folder.mkdir(parents=True, exist_ok=True)
+  per_user = {u: wisdm_rows(u, acts) for u, acts in users.items()}
+  lines, step = [], 0
+  while any(per_user.values()):
+    for u in list(per_user):
+      if per_user[u]:
+        lines.append(per_user[u].pop(0))
+    if interleave_malformed and step < len(MALFORMED):
+      lines.append(MALFORMED[step])
+    step += 1
+  lines.insert(3, "")  # blank lines are ignored, not counted
+  (folder / "WISDM_ar_v1.1_raw.txt").write_text("\n".join(lines) + "\n")
+  return folder / "WISDM_ar_v1.1_raw.txt"
+
+
+def test_wisdm_parse_skips_and_counts_malformed_lines():
+  users, acts, xyz, bad = parse_wisdm_lines(wisdm_rows(3, ["Jogging", "Sitting"]) + MALFORMED + ["", "  "])
+  assert bad == len(MALFORMED) and users.tolist() == [3, 3] and acts.tolist() == [1, 2]
+  np.testing.assert_array_equal(xyz, [[0.0, 3.0, 1.0], [1.0, 3.0, 2.0]])
+
+
+def test_wisdm_windows_labels_and_natural_users(tmp_path, caplog):
+  users = {
+      # 650 rows -> windows at 0, 200, 400 (range(0, 450, 200)); labels: majority, tie, pure
+      12: ["Walking"] * 120 + ["Jogging"] * 80 + ["Sitting"] * 100 + ["Downstairs"] * 100 + ["Upstairs"] * 250,
+      3: ["Standing"] * 600,  # exactly 3 x 200 rows -> 2 windows: the generator's range(0, n - 200, 200)
+      7: ["Jogging"] * 1001,  # 5 windows
+  }
+  write_wisdm(tmp_path / "wisdm", users)
+  with caplog.at_level(logging.WARNING, logger="fedjax_robust.data"):
+    raw = load_raw("wisdm", data_dir=tmp_path, use_cache=False)
+  assert f"skipped {len(MALFORMED)} malformed line(s)" in caplog.text
+  assert raw.group_names == ("3", "7", "12")  # users sorted by id (numerically)
+  assert raw.x_train.shape[1:] == (1, 200, 3) and raw.x_train.dtype == np.float32
+  assert raw.class_names == WISDM_ACTIVITIES and raw.num_classes == 6
+  x = np.concatenate([raw.x_train, raw.x_test])
+  y = np.concatenate([raw.y_train, raw.y_test])
+  g = np.concatenate([raw.train_groups, raw.test_groups])
+  # raw values, one window = 200 consecutive rows of one user (x channel = row number, y channel = user id)
+  assert (x[..., 1] == np.array([3, 7, 12])[g][:, None, None]).all()
+  assert (np.diff(x[..., 0], axis=-1) == 1).all() and (x[..., 0][:, 0, 0] % 200 == 0).all()
+  labels = {(int(gk), int(xk[0, 0, 0])): int(yk) for gk, xk, yk in zip(g, x, y)}
+  W, J, Si, St, U, D = range(6)
+  assert labels == {(0, 0): St, (0, 200): St, (1, 0): J, (1, 200): J, (1, 400): J, (1, 600): J, (1, 800): J,
+                    (2, 0): W, (2, 200): D, (2, 400): U}  # tie Sitting/Downstairs -> alphabetically first
+  # per-user 75/25 split: n_train = floor(0.75 n)
+  assert np.bincount(raw.train_groups).tolist() == [1, 3, 2] and np.bincount(raw.test_groups).tolist() == [1, 2, 1]
+
+
+def test_wisdm_shuffle_and_split_match_the_fedchar_generator(tmp_path):
+  """np.random.seed(1); per user choice(n, n, replace=False); then sklearn train_test_split(train_size=0.75)."""
+  sklearn_split = pytest.importorskip("sklearn.model_selection").train_test_split
+  users = {u: ["Walking", "Jogging", "Upstairs"][u % 3:] * 1 + ["Walking"] * (200 * (u + 3) + 1) for u in (1, 2, 4, 9)}
+  write_wisdm(tmp_path, users, interleave_malformed=False)
+  raw = load_raw("wisdm", data_dir=tmp_path, use_cache=False)
+  starts = {u: np.arange(0, len(a) - 200, 200) for u, a in users.items()}
+  state = np.random.get_state()
+  try:
+    np.random.seed(1)
+    shuffled = [starts[u][np.random.choice(np.arange(len(starts[u])), len(starts[u]), replace=False)]
+                for u in sorted(users)]
+    splits = [sklearn_split(s, train_size=0.75, shuffle=True) for s in shuffled]
+  finally:
+    np.random.set_state(state)
+  assert raw.x_train[:, 0, 0, 0].tolist() == np.concatenate([tr for tr, _ in splits]).tolist()
+  assert raw.x_test[:, 0, 0, 0].tolist() == np.concatenate([te for _, te in splits]).tolist()
+
+
+def test_wisdm_archive_layout_cache_and_errors(tmp_path):
+  src = write_wisdm(tmp_path / "src" / "WISDM_ar_v1.1", {1: ["Walking"] * 700, 2: ["Sitting"] * 500})
+  d = tmp_path / "data" / "wisdm"
+  d.mkdir(parents=True)
+  with tarfile.open(d / "WISDM_ar_latest.tar.gz", "w:gz") as tf:
+    tf.add(src, arcname="WISDM_ar_v1.1/WISDM_ar_v1.1_raw.txt")
+  first = load_raw("wisdm", data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+  again = load_raw("wisdm", data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+  assert "cached" in again.source and again.group_names == first.group_names == ("1", "2")
+  np.testing.assert_array_equal(first.x_train, again.x_train)
+  np.testing.assert_array_equal(first.test_groups, again.test_groups)
+  (tmp_path / "bad").mkdir()
+  (tmp_path / "bad" / "WISDM_ar_v1.1_raw.txt").write_text("a,b,c\n" * 5)
+  with pytest.raises(DatasetFormatError, match="no valid"):
+    load_raw("wisdm", data_dir=tmp_path / "bad", use_cache=False)
+  t0 = time.perf_counter()
+  with pytest.raises(DatasetNotFoundError) as e:
+    load_raw("wisdm", data_dir=tmp_path / "src" / "nothing_here", use_cache=False)
+  assert time.perf_counter() - t0 < 5
+  assert "WISDM_ar_v1.1_raw.txt" in str(e.value) and "<DATA_DIR>/wisdm/" in str(e.value)

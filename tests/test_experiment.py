@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedjax_robust.experiment import build_experiment, default_config, run_experiment
@@ -122,7 +123,8 @@ REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_
 
 
 # Configs whose data is not available offline here: they must load and fail fast with a clear error.
-ABSENT_DATA_CONFIGS = {"fedcap_emnist": "emnist-byclass-train-images-idx3-ubyte.gz"}
+ABSENT_DATA_CONFIGS = {"fedcap_emnist": "emnist-byclass-train-images-idx3-ubyte.gz",
+                       "fedcap_wisdm": "WISDM_ar_v1.1_raw.txt"}
 
 
 def test_every_config_file_is_listed_here():
@@ -138,9 +140,48 @@ def test_fedcap_emnist_config_matches_the_spec_and_fails_fast_without_data(tmp_p
                                                                                       "emnist_cnn")
   assert cohort_size(c, 100) == 20 and c.attack.name == "min_max"  # spec 4.1: 20% participation, N = 20
   assert (c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda) == (10.0, 0.3, 0.5)
+  assert c.data.pool_size == 100 * 1190 and c.data.max_samples_per_client is None  # ~1.2k per client, spec 4.1
   c.data.data_dir, c.data.cache_dir = str(tmp_path), str(tmp_path / "cache")
-  with pytest.raises(DatasetNotFoundError, match=ABSENT_DATA_CONFIGS["fedcap_emnist"]):
+  with pytest.raises(DatasetNotFoundError, match=ABSENT_DATA_CONFIGS["fedcap_emnist"]) as e:
     build_experiment(c)
+  assert "<DATA_DIR>/emnist/" in str(e.value) and "gzip.zip" in str(e.value)
+
+
+def test_fedcap_wisdm_config_matches_the_spec_and_fails_fast_without_data(tmp_path):
+  from fedjax_robust.data.errors import DatasetNotFoundError
+  from fedjax_robust.experiment import cohort_size
+  c = load_config("fedcap_wisdm", "lie")
+  assert (c.data.name, c.data.num_clients, c.data.partition.name, c.data.client_split, c.model.name) == (
+      "wisdm", 36, "natural", "source", "har_cnn")
+  assert cohort_size(c, 36) == 36 and c.attack.name == "lie" and c.attack.legacy_numpy_selection
+  assert (c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda) == (1.0, 0.2, 0.1)
+  assert load_config("fedcap_wisdm", "label_flip").algorithm.fedcap.alpha == 4.0  # spec 1.2: outside the grid
+  assert (c.client.lr, c.client.batch_size, c.client.epochs, c.client.shuffle, c.client.drop_last) == (
+      0.01, 10, 5, False, True)
+  c.data.data_dir, c.data.cache_dir = str(tmp_path), str(tmp_path / "cache")
+  with pytest.raises(DatasetNotFoundError, match=ABSENT_DATA_CONFIGS["fedcap_wisdm"]) as e:
+    build_experiment(c)
+  assert "<DATA_DIR>/wisdm/" in str(e.value)
+
+
+def test_fedcap_wisdm_config_builds_on_a_synthetic_raw_file(tmp_path):
+  """36 synthetic users in the raw format: natural clients, HARCNN input, FedCAP's WISDM attacker ids (spec 2.1)."""
+  acts = ("Walking", "Jogging", "Sitting", "Standing", "Upstairs", "Downstairs")
+  rng = np.random.default_rng(0)
+  lines = []
+  for user in range(1, 37):
+    n = 200 * int(rng.integers(4, 9)) + 1
+    a = acts[user % 6]
+    lines += [f"{user},{a},{t},{v:.4f},{-v:.4f},{user / 10:.4f};" for t, v in enumerate(rng.normal(size=n))]
+  (tmp_path / "wisdm").mkdir()
+  (tmp_path / "wisdm" / "WISDM_ar_v1.1_raw.txt").write_text("\n".join(lines) + "\n")
+  c = load_config("fedcap_wisdm", "ipm")
+  c.data.data_dir, c.data.cache_dir = str(tmp_path), str(tmp_path / "cache")
+  exp = build_experiment(c)
+  assert exp.data.num_clients == 36 and exp.data.feature_shape == (1, 200, 3)
+  assert np.flatnonzero(exp.malicious).tolist() == [2, 10, 11, 15, 16, 20, 22, 29, 30, 31]
+  assert (exp.data.n_train >= 3).all() and (exp.data.n_test >= 1).all()
+  assert np.allclose(exp.data.x_train[5, 0, 0, :, 2], 0.6)  # user 6: raw z = 0.6, no normalisation
 
 
 @pytest.mark.parametrize("name", sorted(REAL_DATA_CONFIGS))

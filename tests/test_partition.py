@@ -267,3 +267,26 @@ def test_group_partition_defaults_and_errors():
     group(np.repeat(np.arange(4), 5), 3, 0, dominant_fraction=1.5)
   with pytest.raises(ValueError, match="one client per group"):
     group(np.repeat(np.arange(6), 5), 2, 0)
+
+
+def test_group_partition_emnist_shaped_class_shares():
+  """EMNIST-like imbalanced ByClass labels, 100 clients (spec 4.1): >= 80% of every class stays in its group's
+  block, the rest is spread over all clients; a client's share of its own group is 80% + its IID part of it."""
+  from fedjax_robust.data.partition import default_class_groups, group
+  rng = np.random.default_rng(0)
+  y = np.repeat(np.arange(62), rng.integers(50, 400, 62))
+  parts = group(y, 100, seed=1)
+  groups = default_class_groups(62)
+  blocks = np.array_split(np.arange(100), 3)
+  assert sorted(np.concatenate(parts).tolist()) == list(range(len(y)))
+  hist = np.stack([np.bincount(y[p], minlength=62) for p in parts])
+  n_class = np.bincount(y, minlength=62)
+  for block, classes in zip(blocks, groups):
+    inside = hist[block][:, classes].sum(0)
+    assert (inside >= np.round(0.8 * n_class[classes])).all()
+    # the dominant part is split evenly inside the block (sizes differ by at most 1 per class + the IID part)
+    dominant = np.round(0.8 * n_class[classes])
+    assert (hist[block][:, classes] >= np.floor(dominant / len(block))).all()
+    outside = np.setdiff1d(np.arange(100), block)
+    expected_out = 0.2 * n_class[classes].sum() * len(outside) / 100
+    assert abs(hist[outside][:, classes].sum() - expected_out) < 0.1 * expected_out + 20

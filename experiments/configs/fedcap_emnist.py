@@ -6,8 +6,10 @@ Needs the official EMNIST ByClass IDX files (``emnist-byclass-train-images-idx3-
 test-images / test-labels files) under ``data_dir``; no copy is available offline in this project. The argument after
 ``:`` is the scenario (none | label_flip | sign_flip | scaling | lie | min_max | min_sum | ipm) and picks the
 artifact's per-scenario (alpha, phi, lambda). Setting: 100 clients, 20% participate each round (N = 20), "group"
-partition (digits / uppercase / lowercase, 80% dominant + 20% IID; spec §4.1), ~1,190 samples per client (the
-spec's inference from the artifact's test sizes), 75/25 per-client split, EMNISTCNN (86,910 params), SGD lr 0.01,
+partition (digits / uppercase / lowercase, 80% dominant + 20% IID; spec §4.1) of a uniform random 119,000-sample
+subset of train + test (``data.pool_size``: ~1,190 samples per client on average, the spec's inference from the
+artifact's test sizes; subsampling before partitioning keeps the group sizes imbalanced, as the spec says), 75/25
+per-client split, PFLlib's Normalize(0.5, 0.5), EMNISTCNN (86,910 params), SGD lr 0.01,
 B = 10, E = 5, unshuffled drop_last loaders, T_norm = 10, 100 rounds, 30% attackers with FedCAP's ids. Under partial
 participation clients outside the pool send request updates (spec §1.6).
 """
@@ -47,8 +49,9 @@ def get_config(scenario: str = "none"):
   c.data.num_clients = 100
   c.data.pool = "all"
   c.data.samples_per_class = None
-  c.data.max_samples_per_client = 1190
-  c.data.normalize = True
+  c.data.pool_size = 119_000  # 100 clients x ~1,190 (spec §4.1), drawn before the group partition
+  c.data.max_samples_per_client = None
+  c.data.normalize = "half"  # PFLlib's generate_emnist.py: ToTensor + Normalize([0.5], [0.5]), as for CIFAR-10
   c.data.partition.name = "group"
   c.data.partition.dominant_fraction = 0.8
   c.model = ml_collections.ConfigDict({"name": "emnist_cnn"})

@@ -7,11 +7,14 @@ e.g. the partition does not change the per-class subsample):
 2. choose the pool: ``'train'`` = the official train split (the global test set is the
    official test split) or ``'all'`` = train + test merged, as PFLlib/FedCAP do (the
    global test set is then the union of the clients' test splits);
-3. optionally subsample ``samples_per_class`` per class;
+3. optionally subsample ``samples_per_class`` per class, then optionally keep a uniform
+   random ``pool_size`` of the pool (FedCAP's EMNIST: ~1.2k samples per client, spec §4.1);
 4. partition among ``num_clients`` clients (``cfg.partition``);
 5. optionally cap each client at ``max_samples_per_client``;
-6. split each client into its own train/test (``train_ratio``; 1.0 with pool 'train'
-   means no client test splits);
+6. split each client into its own train/test: ``client_split='random'`` uses
+   ``train_ratio`` (1.0 with pool 'train' means no client test splits);
+   ``client_split='source'`` (pool 'all') keeps the dataset's own per-sample split, e.g.
+   the FedCHAR per-user 75/25 split of WISDM (FedCAP spec §4.1) or LEAF's FEMNIST split;
 7. normalise (``normalize``) and stack into zero-padded ``[K, n_max, H, W, C]`` arrays.
 
 Client indices stored in the result index the pool (for ``'all'``, rows
@@ -35,6 +38,7 @@ from fedjax_robust.data.sources import RawDataset, load_raw
 from fedjax_robust.data.transforms import normalization_stats, normalize_images, normalize_mode
 
 POOLS = ("train", "all")
+CLIENT_SPLITS = ("random", "source")
 DIRICHLET_FORMS = ("per_class", "client_prior", "client_symmetric")
 PARTITION_NAMES = tuple(sorted(P.PARTITIONERS))
 
@@ -44,14 +48,18 @@ def default_data_config() -> ml_collections.ConfigDict:
 
   Fields: ``name`` (dataset), ``data_dir``, ``cache_dir``, ``allow_download`` (tfds),
   ``seed``, ``num_clients``, ``pool`` ('train' | 'all'), ``samples_per_class`` (None |
-  int), ``max_samples_per_client`` (None | int), ``train_ratio``, ``normalize`` (True |
-  False | 'half'), and ``partition``: ``name`` (iid | shards | pat | dirichlet |
-  dirichlet_client | quantity_skew | sigma | natural), ``alpha``, ``classes_per_client``
+  int), ``pool_size`` (None | int: uniform random subset of the pool before partitioning),
+  ``max_samples_per_client`` (None | int), ``train_ratio``, ``client_split`` ('random' =
+  seeded per-client split by ``train_ratio`` | 'source' = the dataset's own train/test
+  rows, pool 'all' only), ``normalize`` (True | False | 'half'), and ``partition``:
+  ``name`` (iid | shards | pat | dirichlet | dirichlet_client | quantity_skew | sigma |
+  natural | group), ``alpha``, ``classes_per_client``
   (also shards per client for 'shards'), ``min_size``, ``form`` (dirichlet: 'per_class'
   = Dir(alpha 1_K) per class; 'client_prior' = q_k ~ Dir(alpha p); 'client_symmetric'
   = q_k ~ Dir(alpha 1_C)), ``balance`` (pat). Optional extra partition fields read if
   present: ``sigma`` (for 'sigma', and log-normal quantity skew), ``dist``
-  ('dirichlet' | 'lognormal' for quantity_skew), ``max_tries`` (dirichlet redraws).
+  ('dirichlet' | 'lognormal' for quantity_skew), ``max_tries`` (dirichlet redraws),
+  ``dominant_fraction`` and ``class_groups`` (group: FedCAP's EMNIST partition, spec §4.1).
 
   Optional fields are typed placeholders and ``normalize`` an ``object`` field, so
   command-line overrides (``--config.data.samples_per_class=600``,
@@ -74,8 +82,10 @@ def default_data_config() -> ml_collections.ConfigDict:
       "num_clients": 10,
       "pool": "train",
       "samples_per_class": config_dict.placeholder(int),
+      "pool_size": config_dict.placeholder(int),
       "max_samples_per_client": config_dict.placeholder(int),
       "train_ratio": 0.75,
+      "client_split": "random",
       "partition": partition,
       "normalize": config_dict.FieldReference(True, field_type=object),
   }, type_safe=False)
@@ -178,7 +188,13 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
   if pool not in POOLS:
     raise ValueError(f"unknown pool {pool!r}; use one of {list(POOLS)}")
   ratio = float(g("train_ratio"))
-  if ratio == 1.0 and pool == "all":
+  client_split = g("client_split")
+  if client_split not in CLIENT_SPLITS:
+    raise ValueError(f"unknown client_split {client_split!r}; use one of {list(CLIENT_SPLITS)}")
+  if client_split == "source" and pool != "all":
+    raise ValueError("client_split='source' keeps the dataset's own train/test rows per client, so it needs "
+                     f"pool='all' (got pool={pool!r})")
+  if ratio == 1.0 and pool == "all" and client_split == "random":
     raise ValueError("train_ratio=1.0 with pool='all' leaves no global test set")
   if not (0.0 < ratio < 1.0 or ratio == 1.0):
     raise ValueError(f"train_ratio must be in (0, 1) (or exactly 1.0 with pool='train'), got {ratio}")
@@ -201,6 +217,14 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
   spc = g("samples_per_class")
   if spc is not None:
     candidates = P.subsample_per_class(pool_y, int(spc), stage_seed(seed, "subsample"))
+  pool_size = g("pool_size")
+  if pool_size is not None:
+    pool_size = int(pool_size)
+    if not 1 <= pool_size <= len(candidates):
+      raise ValueError(f"pool_size must be in [1, {len(candidates)}] (the pool has {len(candidates)} samples), "
+                       f"got {pool_size}")
+    rng = np.random.default_rng(stage_seed(seed, "pool_size"))
+    candidates = np.sort(rng.choice(candidates, pool_size, replace=False))
   parts, used = partition_from_config(
       g("partition"), pool_y[candidates], num_clients, stage_seed(seed, "partition"),
       groups=None if groups is None else groups[candidates])
@@ -208,7 +232,13 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
   cap = g("max_samples_per_client")
   if cap is not None:
     parts = P.cap_samples_per_client(parts, int(cap), stage_seed(seed, "cap"))
-  if ratio < 1.0:
+  if client_split == "source":
+    train_idx = [p[p < n_official_train] for p in parts]
+    test_idx = [p[p >= n_official_train] for p in parts]
+    empty = [k for k, t in enumerate(train_idx) if len(t) == 0]
+    if empty:
+      raise ValueError(f"client_split='source': clients {empty[:10]} have no row of the dataset's train split")
+  elif ratio < 1.0:
     train_idx, test_idx = P.train_test_split_per_client(parts, ratio, stage_seed(seed, "split"))
   else:
     rng = np.random.default_rng(stage_seed(seed, "split"))
@@ -246,8 +276,10 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
                         "official test rows"),
       "raw_sizes": {"train": int(n_official_train), "test": int(len(raw.y_test))},
       "samples_per_class": None if spc is None else int(spc),
+      "pool_size": pool_size,
       "max_samples_per_client": None if cap is None else int(cap),
       "train_ratio": ratio,
+      "client_split": client_split,
       "num_clients": len(parts),
       "partition": used,
       "normalize": {"mode": mode, "mean": mean.tolist(), "std": std.tolist(),

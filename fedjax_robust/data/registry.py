@@ -16,6 +16,7 @@ from fedjax_robust.data.readers.idx import IdxReader
 from fedjax_robust.data.readers.image_folder import ImageFolderReader
 from fedjax_robust.data.readers.leaf import LeafJsonReader
 from fedjax_robust.data.readers.sklearn_digits import SklearnDigitsReader
+from fedjax_robust.data.readers.wisdm import WISDM_ACTIVITIES, WisdmRawReader
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,9 @@ _EMNIST_BYCLASS = tuple(f"emnist-byclass-{s}-idx{d}-ubyte" for s, d in
                         (("train-images", 3), ("train-labels", 1), ("test-images", 3),
                          ("test-labels", 1)))
 
+_EMNIST_SOURCE = ("the official EMNIST gzip.zip (https://www.nist.gov/itl/products-and-services/emnist-dataset), "
+                  "folder gzip/")
+
 DATASETS: dict[str, DatasetSpec] = {}
 
 
@@ -102,9 +106,11 @@ for _spec in (
                  ImageFolderReader(("cifar100_png.tar.gz", "cifar100_jpeg.tar.gz",
                                     "cifar100_images.tar.gz"))),
                 ("cifar100", "cifar100_png", "cifar100_jpeg", "cifar-100", "CIFAR100"), "cifar100"),
-    # EMNIST ByClass (62 classes). Statistics are the commonly used approximate ones.
+    # EMNIST ByClass (62 classes: digits 0-9, uppercase 10-35, lowercase 36-61), the four
+    # IDX files of the official distribution's gzip.zip (folder gzip/); images are stored
+    # transposed. Statistics are the commonly used approximate ones.
     DatasetSpec("emnist", 62, (28, 28, 1), 255.0, (0.1736,), (0.3317,),
-                (IdxReader(_EMNIST_BYCLASS, transpose=True),),
+                (IdxReader(_EMNIST_BYCLASS, transpose=True, source=_EMNIST_SOURCE),),
                 ("emnist", "EMNIST", "emnist/gzip", "gzip", "EMNIST/raw"), "emnist/byclass"),
     # Tiny-ImageNet: val/ must be re-organised into val/<wnid>/ class folders.
     DatasetSpec("tiny_imagenet", 200, (64, 64, 3), 255.0, (0.4802, 0.4481, 0.3975),
@@ -117,6 +123,12 @@ for _spec in (
     DatasetSpec("femnist", 62, (28, 28, 1), 255.0, (0.9612,), (0.1656,),
                 (LeafJsonReader(("femnist*.tar.gz", "*femnist*.tar.gz")),),
                 ("femnist", "femnist_leaf", "femnist_leaf_partial", "leaf/femnist"),
+                natural_clients=True),
+    # WISDM v1.1 raw accelerometer data (FedCAP spec 4.1): 6 activities, the 36 users are the
+    # natural clients, windows [1, 200, 3] of raw values (max_value 1, mean 0, std 1: every
+    # normalize mode but 'half' leaves them unchanged), FedCHAR's per-user 75/25 split.
+    DatasetSpec("wisdm", len(WISDM_ACTIVITIES), (1, 200, 3), 1.0, (0.0, 0.0, 0.0), (1.0, 1.0, 1.0),
+                (WisdmRawReader(),), ("wisdm", "WISDM", "WISDM_ar_v1.1", "WISDM_ar_latest"),
                 natural_clients=True),
 ):
   register_dataset(_spec)

@@ -71,6 +71,7 @@ class IdxReader(Reader):
       files; a mismatch is a warning, or an error with ``strict_checksums``.
     transpose: swap rows/cols (EMNIST stores images transposed).
     label_offset: added to labels (EMNIST ``letters`` labels start at 1).
+    source: where the official files come from, quoted in the missing-files message.
   """
 
   name = "idx"
@@ -78,8 +79,9 @@ class IdxReader(Reader):
   def __init__(self, files=("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
                             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
                raw_md5: dict[str, str] | None = None, transpose: bool = False,
-               label_offset: int = 0):
+               label_offset: int = 0, source: str | None = None):
     self.files = tuple(files)
+    self.source = source
     self.raw_md5 = dict(raw_md5 or {})
     self.transpose = transpose
     self.label_offset = label_offset
@@ -128,4 +130,5 @@ class IdxReader(Reader):
 
   def instructions(self, folder):
     names = ", ".join(f"{b}.gz" for b in self.files)
-    return f"IDX files {names} (gzipped or not) in {folder}/"
+    origin = f" (from {self.source})" if self.source else ""
+    return f"IDX files {names} (gzipped or not){origin} in {folder}/"
