@@ -68,6 +68,7 @@ def default_config() -> ml_collections.ConfigDict:
           "calibrate": True,  # False: Table IV variants 1 and 4 (raw uploads, no detection)
           "personalize": True,  # False: Table IV variants 1 and 3 (no personalized model)
           "request_updates": "auto",  # clients outside the pool send a request update; auto = partial participation
+          "poison_requests": True,  # attackers poison their request updates too (the artifact, spec §2.3)
       }),
       # FedFomo (specs/fedcap.md §3; Zhang et al. ICLR 2021; fedjax_robust/algorithms/fedfomo.py)
       "fedfomo": ml_collections.ConfigDict({
@@ -180,7 +181,10 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
 
 
 def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None, num_clients=None,
-                   cohort=None, features_fn=None) -> FedAlgorithm:
+                   cohort=None, features_fn=None, attack=None, malicious=None) -> FedAlgorithm:
+  """The algorithm ``config.algorithm.name`` describes. ``attack`` / ``malicious`` (the run's model attack and
+  ``[K]`` attacker mask) reach algorithms whose clients can be attacked outside the uploads (FedCAP's
+  poisoned customization requests, spec §2.3)."""
   name = config.algorithm.name
   client_opt = optimizer_from_config(config.client)
   server_opt = optimizer_from_config(config.server)
@@ -219,7 +223,8 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
       raise ValueError(f"algorithm.fedcap.request_updates must be 'auto', True or False, got {request!r}")
     return make_fedcap(apply_fn, client_opt, spec, num_clients, alpha=float(f.alpha), phi=float(f.phi),
                        lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
-                       personalize=bool(f.personalize), request_updates=bool(request))
+                       personalize=bool(f.personalize), request_updates=bool(request),
+                       request_attack=attack if bool(f.get("poison_requests", True)) else None, malicious=malicious)
   if name == "fedfomo":
     if aggregator is not None:
       raise ValueError("algorithm 'fedfomo' aggregates nothing globally (each client combines the models it is "
@@ -275,7 +280,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
       root_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
   features_fn = lambda p, x: model.apply({"params": p}, x, method="features")
   algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data, num_clients=data.num_clients, cohort=cohort,
-                             features_fn=features_fn)
+                             features_fn=features_fn, attack=attack, malicious=malicious)
   transform = attacks.as_upload_transform(attack, malicious) if attack is not None else None
   simulator = Simulator(algorithm, data, apply_fn, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor)

@@ -379,3 +379,31 @@ def test_engine_hook_sign_flip_reverses_a_fedavg_round():
   d_attacked = f(attacked.run_round(attacked.init(params))[0].server) - p0
   assert np.abs(d_plain).max() > 1e-3
   np.testing.assert_allclose(d_attacked, -d_plain, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ craft
+def test_craft_returns_what_every_row_would_send_from_the_participants_statistics():
+  """craft: the reference is the participating rows only; every row (participating or not) gets the crafted vector."""
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.normal(size=(6, 5)), jnp.float32)
+  mask = jnp.asarray([True, True, True, True, True, False])  # row 5 stands outside, like a request
+  mal = mal_mask(6, [1, 5])
+  ref = np.asarray(x)[:5]
+  # LIE: mu - z sigma over the 5 participants, N=5, M=1 (row 5 is not a participant), in every row.
+  z = float(attacks.lie_z(5, 1))
+  expected = ref.mean(0) - z * ref.std(0, ddof=1)
+  out = np.asarray(attacks.craft(attacks.lie(), x, mal, KEY, {"mask": mask}))
+  np.testing.assert_allclose(out, np.broadcast_to(expected, (6, 5)), rtol=1e-5, atol=1e-6)
+  # ... and apply agrees on the malicious participating row.
+  np.testing.assert_allclose(np.asarray(attacks.lie().apply(x, mal, KEY, {"mask": mask}))[1], expected, rtol=1e-5)
+  # With no malicious participant, apply changes nothing but the crafted vector still exists (z from M = 0).
+  none = np.asarray(attacks.craft(attacks.lie(), x, jnp.zeros(6, bool), KEY, {"mask": mask}))
+  np.testing.assert_allclose(none[5], ref.mean(0) - float(attacks.lie_z(5, 0)) * ref.std(0, ddof=1), rtol=1e-5,
+                             atol=1e-6)
+  # IPM: -N mean(benign participants), N = 5.
+  ipm = np.asarray(attacks.craft(attacks.ipm(), x, mal, KEY, {"mask": mask}))
+  np.testing.assert_allclose(ipm[5], -5 * ref[[0, 2, 3, 4]].mean(0), rtol=1e-5, atol=1e-6)
+  # Own-update attacks answer row-wise, also for the row outside the cohort.
+  np.testing.assert_allclose(np.asarray(attacks.craft(attacks.sign_flip(), x, mal, KEY, {"mask": mask})),
+                             -np.asarray(x))
+  assert "sign_flip" in attacks.OWN_UPDATE_ATTACKS and "lie" not in attacks.OWN_UPDATE_ATTACKS

@@ -8,7 +8,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.fedcap import FedCAPState, customization_weights, make_fedcap
-from fedjax_robust.attacks import as_upload_transform, make_attack
+from fedjax_robust.attacks import as_upload_transform, lie_z, make_attack
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.execution import make_strategy
 from fedjax_robust.metrics.security import detection_rates
@@ -219,13 +219,65 @@ def test_request_branch_for_clients_outside_the_pool_p19():
   np.testing.assert_allclose(flat(params3["customized"]), w @ np.asarray(state.pool_models), atol=1e-5)
 
 
+def _round_then_request(attack_name, malicious):
+  """One round with clients 0-2 (all benign-looking), then client 3 (outside the pool) asks for ŵ_3."""
+  data, params, apply_fn, alg = fedcap_parts(request_updates=True, alpha=3.0, phi=0.3,
+                                             request_attack=make_attack(attack_name), malicious=malicious)
+  state = alg.init_server(params)
+  ids = jnp.array([0, 1, 2])
+  out, cdata = client_outputs(alg, params, data, state, ids)
+  state, _ = alg.server_update(state, out.upload, cdata.n.astype(jnp.float32), jax.random.key(0), ids)
+  shared, own = alg.broadcast(state, jnp.arange(K))
+  c3 = ClientData(jnp.asarray(data.x_train[3]), jnp.asarray(data.y_train[3]), jnp.asarray(data.n_train[3]))
+  params3 = alg.personal_params((shared, jax.tree.map(lambda a: a[3], own)), {"v": params}, c3, jax.random.key(5))
+  loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  trained, _, _ = local_train(loss, optax.sgd(0.1), state.global_params, optax.sgd(0.1).init(params), c3,
+                              jax.random.key(5), SPEC)
+  return state, flat(params3["customized"]), flat(trained) - flat(state.global_params)
+
+
+def customized_from(request, state):
+  w = weights_of(np.asarray(request)[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
+  return w @ np.asarray(state.pool_models)
+
+
+def test_poisoned_customization_requests_spec_2_3():
+  """A malicious client outside the pool poisons its request r_3 before the server customizes for it (spec §2.3)."""
+  mal3 = np.array([False, False, False, True])
+  # sign flip acts on its own request: ŵ_3 comes from -r_3
+  state, customized, request = _round_then_request("sign_flip", mal3)
+  np.testing.assert_allclose(customized, customized_from(-request, state), atol=1e-5)
+  assert not np.allclose(customized, customized_from(request, state), atol=1e-4)
+  # IPM crafts from the pool: -N mean(benign pool members); pool {0, 1, 2} with client 1 malicious
+  mal13 = np.array([False, True, False, True])
+  state, customized, _ = _round_then_request("ipm", mal13)
+  pool = np.asarray(state.pool_updates)
+  np.testing.assert_allclose(customized, customized_from(-3 * pool[[0, 2]].mean(0), state), atol=1e-5)
+  # LIE from the pool (N = 3, M = 1), unbiased std
+  state, customized, _ = _round_then_request("lie", mal13)
+  lie = pool[:3].mean(0) - float(lie_z(3, 1)) * pool[:3].std(0, ddof=1)
+  np.testing.assert_allclose(customized, customized_from(lie, state), atol=1e-5)
+  # a benign requester is untouched
+  state, customized, request = _round_then_request("lie", np.array([False, True, False, False]))
+  np.testing.assert_allclose(customized, customized_from(request, state), atol=1e-5)
+
+
+def test_poisoned_requests_need_the_malicious_mask():
+  _, params, apply_fn = setup()
+  with pytest.raises(ValueError, match="malicious"):
+    make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=True, request_attack=make_attack("lie"))
+
+
 # ----------------------------------------------------------------------------------------- engine
-@pytest.mark.parametrize("request_updates,cohort", [(False, None), (True, 3)])
-def test_vectorized_round_equals_sequential(request_updates, cohort):
+@pytest.mark.parametrize("request_updates,cohort,request_attack", [(False, None, None), (True, 3, None),
+                                                                    (True, 3, "min_max")])
+def test_vectorized_round_equals_sequential(request_updates, cohort, request_attack):
   data, params, apply_fn, _ = fedcap_parts()
   finals = []
+  poison = {} if request_attack is None else {"request_attack": make_attack(request_attack),
+                                                "malicious": np.array([False, True, False, True])}
   for name in ("vmap", "sequential"):
-    alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=request_updates)
+    alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=request_updates, **poison)
     sim = Simulator(alg, data, apply_fn, make_strategy(name), cohort_size=cohort)
     state = sim.init(params, 0)
     for _ in range(3):
@@ -273,3 +325,23 @@ def test_fedcap_removes_model_replacement_attackers_and_keeps_benign_accuracy(tm
   final = summary["final"]
   assert max(final["customized_benign_acc_weighted"], final["personalized_benign_acc_weighted"]) > 0.75
   assert final["detection_accuracy"] == 1.0
+
+
+def test_config_wires_poisoned_requests_under_partial_participation():
+  """algorithm.fedcap.poison_requests (default True, the artifact) reaches the algorithm only when requests exist."""
+  from fedjax_robust.experiment import default_config, make_algorithm
+  _, params, apply_fn = setup()
+  c = default_config()
+  c.algorithm.name = "fedcap"
+  state_ids = jnp.arange(2)
+  mal = np.array([False, True, False, True])
+
+  def per_client_payload(cohort, poison):
+    c.algorithm.fedcap.poison_requests = poison
+    alg = make_algorithm(c, apply_fn, SPEC, num_clients=K, cohort=cohort, attack=make_attack("lie"), malicious=mal)
+    return alg.broadcast(alg.init_server(params), state_ids)
+
+  shared, own = per_client_payload(2, True)
+  assert np.asarray(own["malicious"]).tolist() == [False, True] and "request_poison" in shared
+  assert "malicious" not in per_client_payload(2, False)[1]
+  assert "malicious" not in per_client_payload(None, True)[1]  # full participation: no requests to poison

@@ -32,12 +32,19 @@ turns detection off (①, ④). Ditto (②) is :mod:`fedjax_robust.algorithms.di
 Partial participation (spec §1.6): with ``request_updates=True`` clients outside
 the pool compute their request update inside the client kernel and upload it
 with ``d_k``, so the server recomputes exactly the ``ŵ_k`` it would have sent.
-Not modelled: poisoned customization *requests* (spec §2.3, artifact-only).
+With ``request_attack`` (the artifact's behaviour, spec §2.3) a malicious client
+poisons its request with the round's model attack before asking: sign flip /
+scaling / Gaussian act on its own ``r_k``; LIE, IPM, Min-Max and Min-Sum send the
+vector crafted from the server's valid calibrated pool, the pool's malicious
+members counted as the attackers (:func:`fedjax_robust.attacks.craft`). Requests
+enter only through cosine similarities, so positive scale factors (MR's N, IPM's
+ε) do not change the customized model; the artifact's N = participants is not
+reproduced there. Requests are never norm-checked.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +52,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.attacks import OWN_UPDATE_ATTACKS, ModelAttack, craft
 from fedjax_robust.algorithms.ditto import ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
@@ -110,6 +118,8 @@ def make_fedcap(
     calibrate: bool = True,
     personalize: bool = True,
     request_updates: bool = False,
+    request_attack: Optional[ModelAttack] = None,
+    malicious: Optional[Any] = None,
     name: str = "fedcap",
 ) -> FedAlgorithm:
   """FedCAP (module docstring). ``num_clients`` = K, the size of the server's pools.
@@ -120,6 +130,11 @@ def make_fedcap(
   every unflagged client is in the pool after round 0, so the default skips that
   extra local training (flagged clients then start from the global model; their
   uploads are discarded anyway).
+
+  ``request_attack`` with ``malicious`` (``[K]`` bool): malicious clients poison
+  their request updates with this attack (spec §2.3, module docstring); only
+  meaningful with ``request_updates``, since without requests there is nothing
+  to poison.
   """
   if alpha < 0:
     raise ValueError(f"fedcap: alpha must be >= 0, got {alpha}")
@@ -132,6 +147,14 @@ def make_fedcap(
   if num_clients < 1:
     raise ValueError(f"fedcap: num_clients must be >= 1, got {num_clients}")
   alpha, phi, lamda, norm_threshold = float(alpha), float(phi), float(lamda), float(norm_threshold)
+  poison_requests = request_updates and request_attack is not None and request_attack.name != "none"
+  if poison_requests:
+    if malicious is None:
+      raise ValueError("fedcap: request_attack needs the [K] malicious mask")
+    malicious = jnp.asarray(malicious, bool).reshape(-1)
+    if malicious.shape[0] != num_clients:
+      raise ValueError(f"fedcap: malicious has {malicious.shape[0]} entries, expected num_clients={num_clients}")
+    own_update_attack = request_attack.name in OWN_UPDATE_ATTACKS
   ce_loss = classification_loss(apply_fn)
 
   def pair_loss(anchor):
@@ -167,9 +190,32 @@ def make_fedcap(
     in_pool = state.pool_valid[ids]
     customized = jnp.where(in_pool[:, None], pool_customized(state, ids), global_flat[None])
     shared = {"global": state.global_params}
+    own = {"customized": customized, "in_pool": in_pool}
     if request_updates:
       shared.update(pool_updates=state.pool_updates, pool_models=state.pool_models, pool_valid=state.pool_valid)
-    return shared, {"customized": customized, "in_pool": in_pool}
+    if poison_requests:
+      own["malicious"] = malicious[ids]
+      if not own_update_attack:
+        shared["request_poison"] = pool_crafted_request(state)
+    return shared, own
+
+  def pool_crafted_request(state: FedCAPState) -> jax.Array:
+    """The vector a malicious requester sends under a pool-statistics attack (spec §2.3): crafted with the valid
+    calibrated pool as the reference cohort and its malicious members as the attackers (N, M counted there)."""
+    flat = jnp.concatenate([state.pool_updates, jnp.zeros_like(state.pool_updates[:1])])
+    mask = jnp.concatenate([state.pool_valid, jnp.zeros((1,), bool)])  # the request row is not in the reference
+    mal = jnp.concatenate([malicious, jnp.ones((1,), bool)])
+    # The pool-statistics attacks are deterministic, so a fixed key is enough.
+    return craft(request_attack, flat, mal, jax.random.key(0), {"mask": mask, "global_params": state.global_params})[-1]
+
+  def poisoned_request(shared, own, request: jax.Array, key) -> jax.Array:
+    """``r_k`` as a malicious client sends it (spec §2.3); benign clients' requests pass unchanged."""
+    if own_update_attack:
+      crafted = craft(request_attack, request[None], jnp.ones((1,), bool), key,
+                      {"global_params": shared["global"]})[0]
+    else:
+      crafted = shared["request_poison"]
+    return jnp.where(own["malicious"], crafted, request)
 
   def own_customized(shared, own, data: ClientData, key):
     """``(ŵ_k as params, request update r_k flat or None)`` for one client."""
@@ -179,6 +225,8 @@ def make_fedcap(
       return unravel(own["customized"]), None
     trained, _, _ = local_train(ce_loss, client_opt, global_params, client_opt.init(global_params), data, key, spec)
     request = ravel_pytree(trained)[0] - global_flat
+    if poison_requests:
+      request = poisoned_request(shared, own, request, jax.random.fold_in(key, 1))
     from_request = request_customized((shared["pool_updates"], shared["pool_models"], shared["pool_valid"],
                                        global_flat), request)
     return unravel(jnp.where(own["in_pool"], own["customized"], from_request)), request

@@ -7,7 +7,7 @@ on ``[C, ...]`` pytrees (see :mod:`fedjax_robust.attacks.base`); build one with
 triggers) acts once on :class:`~fedjax_robust.data.FederatedData` at set-up.
 """
 
-from fedjax_robust.attacks.base import ModelAttack, as_upload_transform, ravel_stack
+from fedjax_robust.attacks.base import ModelAttack, as_upload_transform, craft, ravel_stack
 from fedjax_robust.attacks.data_poisoning import (add_pixel_trigger, backdoor_poison, choose_malicious,
                                                   dba_trigger_parts, default_poison_config, flip_labels,
                                                   make_trigger, poison_federated_data, semantic_backdoor_set,
@@ -17,13 +17,14 @@ from fedjax_robust.attacks.fang import (fang_krum, fang_lambda0, fang_median, fa
 from fedjax_robust.attacks.model_poisoning import (boosting, craft_min_max_sum, gamma_search, gaussian,
                                                    identity, ipm, lie, lie_z, min_max, min_sum, scaling,
                                                    sign_flip)
-from fedjax_robust.attacks.registry import ATTACKS, attack_from_config, attack_params, make_attack
+from fedjax_robust.attacks.registry import (ATTACKS, OWN_UPDATE_ATTACKS, attack_from_config, attack_params,
+                                            make_attack)
 
 __all__ = [
-    "ModelAttack", "as_upload_transform", "ravel_stack", "add_pixel_trigger", "backdoor_poison",
+    "ModelAttack", "as_upload_transform", "craft", "ravel_stack", "add_pixel_trigger", "backdoor_poison",
     "choose_malicious", "dba_trigger_parts", "default_poison_config", "flip_labels", "make_trigger",
     "poison_federated_data", "semantic_backdoor_set", "triggered_test_set", "fang_krum", "fang_lambda0",
     "fang_median", "fang_trimmed_mean", "krum_select", "boosting", "craft_min_max_sum", "gamma_search",
     "gaussian", "identity", "ipm", "lie", "lie_z", "min_max", "min_sum", "scaling", "sign_flip", "ATTACKS",
-    "attack_from_config", "attack_params", "make_attack",
+    "OWN_UPDATE_ATTACKS", "attack_from_config", "attack_params", "make_attack",
 ]

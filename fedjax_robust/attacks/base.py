@@ -61,6 +61,7 @@ class Cohort(NamedTuple):
   benign: jax.Array  # benign AND participating
   n: jax.Array  # int32: number of participants N
   m: jax.Array  # int32: number of malicious participants M
+  craft_all: bool = False  # static: return the crafted vector for EVERY row (see :func:`craft`)
 
 
 def prepare(updates: PyTree, malicious, context: Optional[dict]) -> Cohort:
@@ -72,13 +73,32 @@ def prepare(updates: PyTree, malicious, context: Optional[dict]) -> Cohort:
   mal = jnp.asarray(malicious).astype(bool).reshape(c) & mask
   benign = mask & ~mal
   return Cohort(flat, unravel, mask, mal, benign, jnp.sum(mask).astype(jnp.int32),
-                jnp.sum(mal).astype(jnp.int32))
+                jnp.sum(mal).astype(jnp.int32), bool(context.get("craft_all", False)))
 
 
 def finish(cohort: Cohort, crafted: jax.Array) -> PyTree:
   """Writes ``crafted`` (``[D]`` shared, or ``[C, D]`` per row) into the malicious rows only."""
   crafted = jnp.broadcast_to(crafted, cohort.flat.shape).astype(cohort.flat.dtype)
+  if cohort.craft_all:
+    return cohort.unravel(crafted)
   return cohort.unravel(jnp.where(cohort.mal[:, None], crafted, cohort.flat))
+
+
+def craft(attack: ModelAttack, flat: jax.Array, malicious: jax.Array, key: jax.Array,
+          context: Optional[dict] = None) -> jax.Array:
+  """``[C, D]``: the vector each row WOULD send if it were malicious, from the same statistics as ``attack.apply``.
+
+  ``apply`` only writes the malicious participating rows, so it cannot say what an attacker
+  outside the cohort would craft (or what the crafted vector is when no participant is
+  malicious). This runs the attack's own arithmetic with the cohort ``flat`` / ``malicious`` /
+  ``context["mask"]`` as the reference (N, M and the statistics come from the participating
+  rows only) and returns the crafted vector for every row, participating or not. An attack
+  whose crafted vector depends on the row's own update (sign flip, scaling, Gaussian)
+  returns a row-wise answer; the pool-statistics attacks (LIE, IPM, Min-Max, Min-Sum, Fang)
+  the same vector in every row. Used for FedCAP's poisoned customization requests
+  (spec §2.3), where the reference set is the server's pool and the request is not in it.
+  """
+  return attack.apply(flat, malicious, key, {**(context or {}), "craft_all": True})
 
 
 def reference_set(cohort: Cohort, knowledge: str) -> jax.Array:

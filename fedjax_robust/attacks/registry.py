@@ -25,6 +25,11 @@ ATTACKS: dict[str, Callable[..., ModelAttack]] = {
 }
 
 
+# Attacks whose crafted vector is a function of the attacker's OWN update only (and of N): what they send
+# can be computed from that update alone. The others craft one vector from the reference cohort's statistics.
+OWN_UPDATE_ATTACKS = frozenset({"none", "gaussian", "sign_flip", "model_replacement", "scaling", "boosting"})
+
+
 def attack_params(name: str) -> tuple[str, ...]:
   """The keyword parameters attack ``name`` accepts."""
   return tuple(inspect.signature(ATTACKS[name]).parameters)
