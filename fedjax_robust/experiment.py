@@ -105,6 +105,7 @@ def default_config() -> ml_collections.ConfigDict:
       "fraction": 0.3,  # share of clients that are malicious (int(K * fraction)), fixed for the whole run
       "seed": 0,  # which clients are malicious
       "legacy_numpy_selection": False,  # FedCAP's np.random.seed(seed); choice(K, int(K*p)) ids
+      "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above
       "data": ml_collections.ConfigDict(attacks.default_poison_config()),  # data poisoning: kind none | label_flip | backdoor | dba
   })
   c.aggregator = ml_collections.ConfigDict({
@@ -237,14 +238,31 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
   raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
 
 
+def malicious_from_config(attack_cfg, num_clients: int) -> np.ndarray:
+  """``[K]`` attacker mask: the explicit ids of ``attack.clients`` ("1,5,8") if given, else drawn by fraction/seed."""
+  ids = str(attack_cfg.get("clients", "") or "").replace(" ", "")
+  if not ids:
+    return attacks.choose_malicious(num_clients, float(attack_cfg.fraction), int(attack_cfg.seed),
+                                    legacy_numpy=bool(attack_cfg.legacy_numpy_selection))
+  try:
+    chosen = sorted({int(i) for i in ids.strip("()[]").split(",") if i})
+  except ValueError:
+    raise ValueError(f"attack.clients must be comma-separated client ids, got {attack_cfg.clients!r}") from None
+  bad = [i for i in chosen if not 0 <= i < num_clients]
+  if bad:
+    raise ValueError(f"attack.clients {bad} are not client ids of a {num_clients}-client federation")
+  mask = np.zeros(num_clients, bool)
+  mask[chosen] = True
+  return mask
+
+
 def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment:
   """Loads data, builds the model, the algorithm and the simulator described by ``config``."""
   data = data if data is not None else build_federated_data(config.data)
   attack_cfg = config.get("attack")
   malicious, attack, backdoor = None, None, None
   if attack_cfg is not None and (attack_cfg.name != "none" or attack_cfg.data.kind != "none"):
-    malicious = attacks.choose_malicious(data.num_clients, float(attack_cfg.fraction), int(attack_cfg.seed),
-                                         legacy_numpy=bool(attack_cfg.legacy_numpy_selection))
+    malicious = malicious_from_config(attack_cfg, data.num_clients)
     logger.info("malicious clients (%d of %d): %s", malicious.sum(), data.num_clients, np.flatnonzero(malicious))
     clean = data
     data = attacks.poison_federated_data(data, malicious, attack_cfg.data)

@@ -345,3 +345,16 @@ def test_config_wires_poisoned_requests_under_partial_participation():
   assert np.asarray(own["malicious"]).tolist() == [False, True] and "request_poison" in shared
   assert "malicious" not in per_client_payload(2, False)[1]
   assert "malicious" not in per_client_payload(None, True)[1]  # full participation: no requests to poison
+
+
+def test_explicit_attacker_ids_override_the_draw():
+  """attack.clients picks the attackers by id (used to test FedCAP's orphaned-client explanation)."""
+  from fedjax_robust.experiment import default_config, malicious_from_config
+  a = default_config().attack
+  assert np.flatnonzero(malicious_from_config(a, 20)).size == 6  # drawn: int(20 * 0.3)
+  a.clients = "1, 5,8"
+  assert np.flatnonzero(malicious_from_config(a, 20)).tolist() == [1, 5, 8]
+  for bad in ("1,20", "a,b"):
+    a.clients = bad
+    with pytest.raises(ValueError, match="attack.clients"):
+      malicious_from_config(a, 20)
