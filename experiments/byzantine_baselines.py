@@ -49,21 +49,14 @@ PAPER = {
 
 def cell_config(args, attack: str, rule: str):
   import ml_collections
-  from fedjax_robust.experiment import default_config
   from experiments.configs import cifar10_fedcap_setting
   c = cifar10_fedcap_setting.get_config()
-  c.rounds, c.eval_every, c.seed = args.rounds, args.rounds, args.seed
-  c.client.epochs = args.epochs
-  c.data.data_dir = args.data_dir
   c.algorithm.name, c.algorithm.ft_mode = "fedavg_ft", "last_local"  # scores global AND locally-updated models
   c.attack.name = attack
   c.attack.fraction = 0.3
   c.attack.legacy_numpy_selection = True
   c.aggregator = ml_collections.ConfigDict(RULES[rule][1])
-  c.output.progress = False
-  if args.strategy:
-    c.engine.strategy = args.strategy
-  return c
+  return grid.apply_run_args(c, args)
 
 
 def main():

@@ -1,4 +1,4 @@
-"""What the reproduction grid scripts share: their common flags and the sharded results files.
+"""What the reproduction grid scripts share: their common flags, the cell loop and the sharded results files.
 
 A grid (``byzantine_baselines.py``, ``fedcap_tables.py``) runs one experiment per cell and appends each cell's
 numbers to ``<out_dir>/results.json``, or ``results.<shard>.json`` when several processes split the cells (on one
@@ -8,11 +8,14 @@ GPU, so their XLA compilations overlap); the table merges every ``results*.json`
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import time
 from pathlib import Path
+from typing import Callable, Iterable
 
 
-def add_common_args(parser: argparse.ArgumentParser, out_dir: str) -> None:
+def add_common_args(parser: argparse.ArgumentParser, out_dir: str | None) -> None:
   parser.add_argument("--data_dir", default=None)
   parser.add_argument("--rounds", type=int, default=100)
   parser.add_argument("--epochs", type=int, default=5)
@@ -22,6 +25,38 @@ def add_common_args(parser: argparse.ArgumentParser, out_dir: str) -> None:
   parser.add_argument("--shard", default="", help="write results.<shard>.json, so several processes (e.g. one per "
                       "cell group, on one GPU) can fill one out_dir; the table merges every results*.json there")
   parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir")
+  parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config field of every cell, e.g. --set data.samples_per_class=40 (repeatable; "
+                      "the value is a Python literal, else a string)")
+
+
+def apply_overrides(config, items: Iterable[str]):
+  """``KEY=VALUE`` overrides (dotted keys, Python-literal values) applied to an ml_collections config in place."""
+  for item in items:
+    key, sep, raw = item.partition("=")
+    if not sep:
+      raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+    try:
+      value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      value = raw
+    *path, leaf = key.split(".")
+    node = config
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def apply_run_args(config, args):
+  """The grid-wide settings of a cell: rounds (evaluated at the last one), local epochs, seed, data dir, overrides."""
+  config.rounds, config.eval_every, config.seed = args.rounds, args.rounds, args.seed
+  config.client.epochs = args.epochs
+  config.data.data_dir = args.data_dir
+  config.output.progress = False
+  if args.strategy:
+    config.engine.strategy = args.strategy
+  return apply_overrides(config, args.set)
 
 
 def results_file(out: Path, shard: str) -> Path:
@@ -38,3 +73,47 @@ def merged_results(out: Path) -> dict:
   for path in sorted(out.glob("results*.json")):
     merged.update(json.loads(path.read_text()))
   return merged
+
+
+# ------------------------------------------------------------------------------------------ reported accuracies
+def benign_acc(final: dict, model: str = "") -> float | None:
+  """Sample-weighted accuracy (%) over the benign clients of one evaluated model, from a run's final metrics.
+
+  ``model``: ``""`` = each client's own evaluation model (``client_acc_*``: personalized, locally updated or local),
+  ``"global"`` = the global model on every client's test split, ``"customized"`` / ``"personalized"`` = FedCAP's
+  two models. Without attackers every client is benign (the ``*_client_acc_weighted`` metric). None if absent.
+  """
+  prefix = f"{model}_" if model else ""
+  value = final.get(f"{prefix}benign_acc_weighted", final.get(f"{prefix}client_acc_weighted"))
+  return None if value is None else 100.0 * value
+
+
+def reported(final: dict, models: Iterable[str]) -> tuple[float, dict]:
+  """The paper's number for a run (spec §3/§4.4): the best benign accuracy among ``models``, and each of them."""
+  accs = {(m or "own"): benign_acc(final, m) for m in models}
+  present = [v for v in accs.values() if v is not None]
+  if not present:
+    raise KeyError(f"none of the metrics for models {list(accs)} is in the run's final record")
+  return max(present), accs
+
+
+Record = Callable[[dict, Path, object], dict]
+
+
+def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict) -> dict:
+  """Runs each ``(key, config, record)`` cell into ``out/<key>/`` and stores ``record(summary, run_dir, config)``
+  (a dict holding ``value``, optionally ``models``) plus timing under ``results[key]``, rewriting
+  ``results_path`` after every cell."""
+  import jax
+  from fedjax_robust.experiment import run_experiment
+  for key, config, record in cells:
+    t0 = time.perf_counter()
+    summary = run_experiment(config, out / key)
+    cell = record(summary, out / key, config)
+    cell.update(wall_s=time.perf_counter() - t0, rounds_per_s=summary["rounds_per_s"], rounds=int(config.rounds),
+                epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"])
+    results[key] = cell
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in cell.get("models", {}).items() if v is not None)
+    print(f"{key:24s} {cell['value']:6.2f} ({parts}) {cell['wall_s']:.0f}s", flush=True)
+    results_path.write_text(json.dumps(results, indent=1))
+  return results

@@ -228,3 +228,81 @@ def test_grid_scripts_merge_sharded_results(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   table = (tmp_path / "table.md").read_text()
   assert "| IPM | 80.00 / 84.29 |" in table and "| LIE | 81.50 / 84.95 |" in table
+
+
+def load_fedcap_tables():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("fedcap_tables", REPO / "experiments" / "fedcap_tables.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
+  """Table IV (spec §1.7, §5.4) and Fig. 7 (spec §3) cells: switches, hyperparameters, Ditto lambdas, attacks."""
+  t = load_fedcap_tables()
+  hyper = lambda c: (c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda)
+  switches = lambda c: (c.algorithm.fedcap.calibrate, c.algorithm.fedcap.personalize)
+  expected = {"v1": (False, False), "v3": (True, False), "v4": (False, True), "v5": (True, True)}
+  for scenario in t.ABLATION_SCENARIOS:
+    for variant, flags in expected.items():
+      c = t.ablation_config(variant, scenario)
+      assert c.algorithm.name == "fedcap" and switches(c) == flags and hyper(c) == (10.0, 0.3, 0.1), (variant, scenario)
+    ditto = t.ablation_config("v2", scenario)
+    assert (ditto.algorithm.name, ditto.algorithm.lamda, ditto.aggregator.name) == ("ditto", 0.1, "mean")
+    assert (ditto.data.num_clients, ditto.data.partition.name, ditto.data.partition.classes_per_client,
+            ditto.server.participation) == (20, "pat", 2, 1.0)
+  assert t.ablation_config("v5", "lie").attack.name == "lie" and t.ablation_config("v1", "none").attack.name == "none"
+  assert set(t.PAPER_ABLATION) == set(t.VARIANTS) and t.PAPER_ABLATION["v2"][-1] == 10.95  # Ditto under IPM
+  assert t.ablation_config("v1", "ipm").attack.legacy_numpy_selection  # FedCAP's attacker ids
+  with pytest.raises(ValueError, match="ablation"):
+    t.ablation_config("v1", "sign_flip")  # not a Table IV column
+
+  assert {s: t.personalized_config("ditto", s).algorithm.lamda for s in t.PERSONALIZED_SCENARIOS} == {
+      "none": 1.0, "label_flip": 0.1, "sign_flip": 0.01, "scaling": 0.01}
+  for method in t.METHODS:
+    c = t.personalized_config(method, "sign_flip")
+    assert c.algorithm.name == method and c.attack.fraction == 0.3
+    assert c.attack.name == ("none" if method == "local" else "sign_flip")  # Local uploads nothing to poison
+  assert hyper(t.personalized_config("fedcap", "scaling")) == (10.0, 0.3, 10.0)  # fedcap_cifar10's MR setting
+  assert t.personalized_config("fedavg_ft", "none").algorithm.ft_mode == "last_local"
+  lf = t.personalized_config("local", "label_flip")
+  assert lf.attack.data.kind == "label_flip" and lf.attack.data.flip_mode == "reverse"
+  # Reported models (spec §3 last paragraph, §4.4).
+  assert t.METHODS["fedavg"][1] == ("global",) and t.METHODS["fedcap"][1] == ("customized", "personalized")
+  assert t.VARIANTS["v1"][2] == ("customized",) and t.VARIANTS["v2"][2] == ("global", "")
+
+
+def _fedcap_tables_smoke(tmp_path, data_root, cache_dir, *args):
+  """Two rounds of one epoch on 40 images per class (15 train / 5 test per client): the plumbing, not the numbers."""
+  out = subprocess.run([sys.executable, str(REPO / "experiments" / "fedcap_tables.py"), "--data_dir", str(data_root),
+                        "--out_dir", str(tmp_path), "--rounds", "2", "--epochs", "1", "--strategy", "vmap",
+                        "--set", "data.samples_per_class=40", "--set", f"data.cache_dir={cache_dir}", *args],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads((tmp_path / "results.json").read_text()), (tmp_path / "table.md").read_text()
+
+
+def test_fedcap_tables_ablation_mode_runs_a_cell(tmp_path, shared_data, data_cache_dir):
+  results, table = _fedcap_tables_smoke(tmp_path, shared_data("cifar10_jpeg"), data_cache_dir, "--mode", "ablation", "--variants", "v1", "--scenarios", "ipm")
+  assert list(results) == ["v1__ipm"]
+  cell = results["v1__ipm"]
+  assert list(cell["models"]) == ["customized"] and cell["value"] == cell["models"]["customized"]
+  assert 0 <= cell["value"] <= 100 and cell["rounds"] == 2
+  assert f"| ① Cust. Agg. | — / 83.53 | — / 78.67 | — / 48.76 | — / 56.29 | {cell['value']:.2f} / 83.14 |" in table
+  assert "| ⑤ FedCAP | — / 85.60 | — / 84.95 | — / 84.00 | — / 84.38 | — / 84.29 |" in table
+
+
+def test_fedcap_tables_personalized_mode_runs_a_cell(tmp_path, shared_data, data_cache_dir):
+  """Local under SF: run without the (upload) attack, scored on the scenario's 14 benign clients."""
+  results, table = _fedcap_tables_smoke(tmp_path, shared_data("cifar10_jpeg"), data_cache_dir, "--mode", "personalized", "--methods", "local", "--scenarios",
+                                        "sign_flip")
+  assert list(results) == ["local__sign_flip"]
+  cell = results["local__sign_flip"]
+  acc = json.loads((tmp_path / "local__sign_flip" / "summary.json").read_text())["final_client_acc"]
+  n_test = json.loads((tmp_path / "local__sign_flip" / "partition.json").read_text())["n_test"]
+  benign = [k for k in range(20) if k not in (1, 8, 10, 17, 18, 19)]
+  expected = 100 * sum(acc[k] * n_test[k] for k in benign) / sum(n_test[k] for k in benign)
+  assert cell["value"] == pytest.approx(expected) and list(cell["models"]) == ["own"]
+  assert f"| Local | — | — | {cell['value']:.2f} | — |" in table and "| best (ours) | — | — | Local | — |" in table
+  assert "85.60" in table and "FedCAP is best in every case" in table
