@@ -37,13 +37,7 @@ WATCHED = (9, 11, 16, 19)  # the clients whose class-group peers the two attacke
 
 def run_config(args, name: str):
   from experiments.configs import fedcap_cifar10
-  c = fedcap_cifar10.get_config("none" if name == "benign" else args.attack)
-  c.rounds, c.eval_every, c.seed = args.rounds, args.rounds, args.seed
-  c.client.epochs = args.epochs
-  c.data.data_dir = args.data_dir
-  c.output.progress = False
-  if args.strategy:
-    c.engine.strategy = args.strategy
+  c = grid.apply_run_args(fedcap_cifar10.get_config("none" if name == "benign" else args.attack), args)
   if name != "benign":
     c.attack.clients = ATTACKER_SETS[name]
   return c

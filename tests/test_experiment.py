@@ -306,3 +306,27 @@ def test_fedcap_tables_personalized_mode_runs_a_cell(tmp_path, shared_data, data
   assert cell["value"] == pytest.approx(expected) and list(cell["models"]) == ["own"]
   assert f"| Local | — | — | {cell['value']:.2f} | — |" in table and "| best (ours) | — | — | Local | — |" in table
   assert "85.60" in table and "FedCAP is best in every case" in table
+
+
+def test_fedcap_orphans_table_compares_the_same_benign_clients():
+  """fedcap_orphans: each attacked run against the benign run on ITS benign clients; the 'without 16' column drops
+  client 16 from both sides."""
+  sys.path.insert(0, str(REPO))
+  from experiments import fedcap_orphans as orphans
+
+  k = 20
+  n_test = [75] * k
+  benign = {"customized": [0.8] * k, "personalized": [0.9] * k, "n_test": n_test, "malicious": [],
+            "attack": "none", "rounds": 3}
+  hurt16 = [0.9] * k
+  hurt16[16] = 0.5  # the orphan: 0.4 lost by one of 14 benign clients -> 0.4 / 14 = 2.857 points
+  artifact = {"customized": [0.1] * k, "personalized": hurt16, "n_test": n_test,
+              "malicious": [1, 8, 10, 17, 18, 19], "attack": "scaling", "rounds": 3}
+  value = orphans.fedcap_value(artifact, [c for c in range(k) if c not in artifact["malicious"]], n_test)
+  assert value == pytest.approx(100 * (13 * 0.9 + 0.5) / 14)
+  table = orphans.markdown_table({"benign": benign, "artifact": artifact})
+  row = next(line for line in table.splitlines() if line.startswith("| artifact"))
+  cells = [c.strip() for c in row.split("|")[1:-1]]
+  assert float(cells[3]) == pytest.approx(40 / 14, abs=0.01)  # drop
+  assert float(cells[4]) == pytest.approx(0.0, abs=0.01)  # drop without client 16
+  assert cells[7] == "90 / 50" and cells[8] == "attacker"  # client 16, client 19
