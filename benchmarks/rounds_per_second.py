@@ -16,6 +16,12 @@ Workloads:
   digits_mlp               sklearn digits (8x8x1, real data), MLP, 10 clients
                            (2 label shards each, ~144 train samples), batch 10, E=1.
 
+``--conv_impl xla|patches`` (default ``xla``) sets the conv nets' ``conv_impl``
+model field (``fedjax_robust.models.layers.TorchConv``): ``patches`` computes each
+convolution as ``conv_general_dilated_patches`` + a matmul (a batched matmul
+under ``vmap``, instead of a grouped convolution). Parameters are identical, so
+run the script once per impl and compare. The MLP workload ignores it.
+
 Per strategy it reports: compile time (``lower().compile()`` for the traceable
 strategies; first round minus the steady median for the Python-loop ones),
 steady rounds/s (median over ``--rounds`` timed rounds after one warm-up round,
@@ -34,6 +40,7 @@ longer than ``--slow-cap`` seconds (120 s).
     python benchmarks/rounds_per_second.py                       # everything
     python benchmarks/rounds_per_second.py --workload digits_mlp --out r.json
     python benchmarks/rounds_per_second.py --cpu-devices 20,4,2 --strategies vmap,shard_map
+    python benchmarks/rounds_per_second.py --workload fedcap_cifar10 --strategies vmap --conv_impl patches
 """
 
 from __future__ import annotations
@@ -91,6 +98,15 @@ WORKLOADS = {
                                   0.01, True),
     "digits_mlp": Workload("digits_mlp", "mlp", (), 10, 1, 10, False, True, 0.01, False),
 }
+
+
+def make_model(wl: Workload, conv_impl: str = "xla"):
+  """The workload's model; conv nets get ``conv_impl`` (the MLP has no convolution and ignores it)."""
+  from fedjax_robust.models import get_model
+  kwargs = dict(wl.model_kwargs)
+  if wl.conv:
+    kwargs["conv_impl"] = conv_impl
+  return get_model(wl.model, num_classes=wl.num_classes, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -275,9 +291,9 @@ def trap_child(args) -> None:
   """Child process: vmap with a plain lax.scan (unroll=1); prints JSON lines as it goes."""
   import jax
   wl = WORKLOADS[args.trap_child]
-  from fedjax_robust.models import get_model, init_params
+  from fedjax_robust.models import init_params
   data = make_data(wl)
-  model = get_model(wl.model, num_classes=wl.num_classes, **dict(wl.model_kwargs))
+  model = make_model(wl, args.conv_impl)
   params = init_params(model, jax.random.key(args.seed), data.feature_shape)
   apply_fn = lambda p, x: model.apply({"params": p}, x)
   _, sim = build_engine(wl, data, apply_fn, "vmap", None, 1)
@@ -291,10 +307,11 @@ def trap_child(args) -> None:
     print(json.dumps({"round_s": time.perf_counter() - t}), flush=True)
 
 
-def run_trap(wl: Workload, cap_s: float, seed: int) -> dict:
+def run_trap(wl: Workload, cap_s: float, seed: int, conv_impl: str = "xla") -> dict:
   """Runs :func:`trap_child` in a subprocess; stops it when a round passes ``cap_s`` seconds."""
   env = dict(os.environ)
-  cmd = [sys.executable, os.path.abspath(__file__), "--trap-child", wl.name, "--seed", str(seed)]
+  cmd = [sys.executable, os.path.abspath(__file__), "--trap-child", wl.name, "--seed", str(seed),
+         "--conv_impl", conv_impl]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
   lines: queue.Queue = queue.Queue()
   threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
@@ -325,10 +342,11 @@ def run_trap(wl: Workload, cap_s: float, seed: int) -> dict:
 # --------------------------------------------------------------------------------------------- driver
 def run_workload(wl: Workload, args, backend: str) -> dict:
   import jax
-  from fedjax_robust.models import count_params, get_model, init_params
+  from fedjax_robust.models import count_params, init_params
 
   data = make_data(wl)
-  model = get_model(wl.model, num_classes=wl.num_classes, **dict(wl.model_kwargs))
+  model = make_model(wl, args.conv_impl)
+  conv_impl = args.conv_impl if wl.conv else None
   params = init_params(model, jax.random.key(args.seed), data.feature_shape)
   apply_fn = lambda p, x: model.apply({"params": p}, x)
   samples = samples_per_round(wl, data.n_train)
@@ -339,10 +357,11 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
   info = {"workload": wl.name, "model": wl.model, "params": count_params(params), "clients": data.num_clients,
           "n_train": [int(n) for n in data.n_train], "epochs": wl.epochs, "batch_size": wl.batch_size,
           "drop_last": wl.drop_last, "shuffle": wl.shuffle, "samples_per_round": samples, "unroll": unroll,
-          "data": data.info.get("source")}
+          "conv_impl": conv_impl, "data": data.info.get("source")}
   print(f"\n### {wl.name}: {info['params']:,} params, {data.num_clients} clients, n_train="
         f"{min(info['n_train'])}..{max(info['n_train'])}, E={wl.epochs}, B={wl.batch_size}, "
-        f"drop_last={wl.drop_last}, {samples} samples/round, engine unroll={unroll}", flush=True)
+        f"drop_last={wl.drop_last}, {samples} samples/round, engine unroll={unroll}"
+        + (f", conv_impl={conv_impl}" if conv_impl else ""), flush=True)
 
   plan = []
   for s in args.strategies:
@@ -393,7 +412,7 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
   if wl.conv and backend == "cpu" and "vmap" in args.strategies and (wl.epochs == 1 or args.include_slow):
     print(f"  vmap with plain lax.scan (unroll=1), capped at {args.slow_cap:.0f} s per round ...", flush=True)
     t0 = time.perf_counter()
-    trap = run_trap(wl, args.slow_cap, args.seed)
+    trap = run_trap(wl, args.slow_cap, args.seed, args.conv_impl)
     trap["wall_s"] = time.perf_counter() - t0
     print(f"  vmap (scan, unroll=1)  compile {trap['compile_s']}  rounds {trap['round_s']}  "
           f"capped={trap['capped']}", flush=True)
@@ -417,7 +436,8 @@ def markdown(result: dict, cap_s: float) -> str:
   info = result["info"]
   out = [f"**{info['workload']}** — {info['model']} ({info['params']:,} params), {info['clients']} clients, "
          f"E={info['epochs']}, B={info['batch_size']}, {info['samples_per_round']:,} samples/round, "
-         f"engine unroll={info['unroll']}", "",
+         f"engine unroll={info['unroll']}" + (f", conv_impl={info['conv_impl']}" if info.get("conv_impl") else ""),
+         "",
          "| strategy | compile (s) | first round (s) | steady s/round (n) | rounds/s | samples/s | peak RSS MiB (at start) "
          "| vs plain sequential | cores used |",
          "|---|---|---|---|---|---|---|---|---|"]
@@ -466,6 +486,10 @@ def parse_args(argv=None):
                  help="comma-separated subset of vmap,shard_map,sequential,reference")
   p.add_argument("--unroll", default="auto", help="local-step scan unroll for the engine: auto (True for conv "
                  "nets on CPU, else 1) | true | an integer")
+  p.add_argument("--conv_impl", "--conv-impl", dest="conv_impl", default="xla", choices=("xla", "patches"),
+                 help="how the conv nets compute each convolution (model field conv_impl): xla = "
+                      "lax.conv_general_dilated (grouped conv under vmap), patches = conv_general_dilated_patches "
+                      "+ matmul; same params. Ignored by the MLP workload")
   p.add_argument("--include-slow", action="store_true", help="also time vmap with a plain scan for E=5")
   p.add_argument("--slow-cap", type=float, default=120.0, help="stop the plain-scan vmap round after this long")
   p.add_argument("--seed", type=int, default=0)

@@ -283,3 +283,117 @@ def test_get_model_from_config_dict():
   hash(mlp)
   with pytest.raises(ValueError, match="unknown keyword"):
     get_model_from_config({"name": "mlp", "widths": [3]}, 10)
+
+
+# ----------------------------------------------------------------------------- conv_impl
+# Every model built on TorchConv: (name, kwargs, input shape, num_classes).
+CONV_MODELS = [
+    ("fedavg_cnn", {"fc_dim": 64}, (32, 32, 3), 10),
+    ("emnist_cnn", {}, (28, 28, 1), 62),
+    ("har_cnn", {}, (1, 200, 3), 6),
+    ("lenet5", {}, (28, 28, 1), 10),   # conv1 padded (2)
+    ("cifar_cnn", {}, (32, 32, 3), 10),
+]
+# The comparisons run under jax.default_matmul_precision("highest"): both impls
+# then compute in full float32 (no TF32 / bf16 passes on GPUs or TPUs), so the
+# only difference left is float32 summation order and a 1e-5 tolerance holds on
+# any backend. The model itself keeps the default precision for both impls.
+
+
+def test_conv_impl_registered_on_every_conv_model():
+  conv_names = {n for n, *_ in CONV_MODELS}
+  for name in models.MODELS:
+    assert ("conv_impl" in models.model_kwargs(name)) == (name in conv_names)
+    if name in conv_names:
+      assert get_model(name, 10).conv_impl == "xla"  # default unchanged
+
+
+@pytest.mark.parametrize("name,kwargs,shape,num_classes", CONV_MODELS,
+                         ids=[c[0] for c in CONV_MODELS])
+def test_conv_impl_same_params(name, kwargs, shape, num_classes):
+  xla = get_model(name, num_classes, **kwargs)
+  pat = get_model(name, num_classes, conv_impl="patches", **kwargs)
+  a = jax.eval_shape(lambda k: init_params(xla, k, shape), KEY)
+  b = jax.eval_shape(lambda k: init_params(pat, k, shape), KEY)
+  assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+  assert jax.tree_util.tree_leaves(a) == jax.tree_util.tree_leaves(b)
+
+
+def test_conv_impl_same_init_values():
+  """Same key -> bit-identical params (real init; FedAvgCNN's xla init is cached)."""
+  _, ref = _cached("fedavg_cnn", {"fc_dim": 64}, (32, 32, 3), 10)
+  pat = get_model("fedavg_cnn", 10, fc_dim=64, conv_impl="patches")
+  got = init_params(pat, KEY, (32, 32, 3))
+  jax.tree_util.tree_map(np.testing.assert_array_equal, got, ref)
+
+
+@pytest.mark.parametrize("padding,strides", [
+    ("VALID", (1, 1)), (2, (1, 1)), ((1, 0), (2, 1)), ("SAME", (2, 2)),
+    (((1, 2), (0, 3)), (1, 2))])
+def test_torch_conv_patches_matches_xla(padding, strides):
+  """The layer alone, over paddings / strides, with a non-square kernel."""
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 11, 13, 3)),
+                  jnp.float32)
+  xla = TorchConv(4, (5, 3), strides=strides, padding=padding)
+  pat = TorchConv(4, (5, 3), strides=strides, padding=padding, impl="patches")
+  p = _np_params(xla, x.shape[1:], scale=0.5)
+  with jax.default_matmul_precision("highest"):
+    np.testing.assert_allclose(pat.apply({"params": p}, x),
+                               xla.apply({"params": p}, x), rtol=1e-5,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("name,kwargs,shape,num_classes", CONV_MODELS,
+                         ids=[c[0] for c in CONV_MODELS])
+def test_conv_impl_patches_matches_xla(name, kwargs, shape, num_classes):
+  """Logits, features, param and input gradients, and the forward vmapped over
+  3 clients' params (per-client and shared data) agree between impls."""
+  xla = get_model(name, num_classes, **kwargs)
+  pat = get_model(name, num_classes, conv_impl="patches", **kwargs)
+  params = _np_params(xla, shape)
+  stacked = jax.tree_util.tree_map(
+      lambda a: jnp.stack([a * (1 + 0.3 * c) + 0.01 * c for c in range(3)]),
+      params)
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.normal(size=(3, 4) + shape), jnp.float32)
+  y = jnp.asarray(rng.integers(0, num_classes, (4,)), jnp.int32)
+
+  def outputs(model, params, stacked, x):
+    apply = lambda p, xb: model.apply({"params": p}, xb)
+
+    def loss(p, xb):
+      logits = apply(p, xb)
+      return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits),
+                                           y[:, None], axis=1))
+    gp, gx = jax.grad(loss, argnums=(0, 1))(params, x[0])
+    return {"logits": apply(params, x[0]),
+            "features": model.apply({"params": params}, x[0],
+                                    method="features"),
+            "grad_params": gp, "grad_x": gx,
+            "vmap": jax.vmap(apply)(stacked, x),
+            "vmap_shared_x": jax.vmap(apply, in_axes=(0, None))(stacked, x[0]),
+            "vmap_grad": jax.vmap(jax.grad(loss))(stacked, x)}
+
+  with jax.default_matmul_precision("highest"):
+    ref, got = jax.jit(lambda *a: (outputs(xla, *a), outputs(pat, *a)))(
+        params, stacked, x)
+  for key in ref:
+    for r, g in zip(jax.tree_util.tree_leaves(ref[key]),
+                    jax.tree_util.tree_leaves(got[key])):
+      scale = float(np.max(np.abs(r))) or 1.0
+      np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5 * scale,
+                                 err_msg=f"{name} {key}")
+
+
+def test_conv_impl_errors_and_config():
+  with pytest.raises(ValueError, match="expected one of .*'xla', 'patches'"):
+    get_model("fedavg_cnn", 10, conv_impl="im2col")
+  with pytest.raises(ValueError, match="expected one of .*'xla', 'patches'"):
+    TorchConv(4, (3, 3), impl="im2col").init(KEY, jnp.ones((1, 5, 5, 1)))
+  with pytest.raises(ValueError, match="unknown keyword"):
+    get_model("mlp", 10, conv_impl="patches")
+  cfg = ml_collections.ConfigDict(
+      {"name": "fedavg_cnn", "fc_dim": 64, "conv_impl": "patches"})
+  model = get_model_from_config(cfg, num_classes=10)
+  assert isinstance(model, models.FedAvgCNN) and model.conv_impl == "patches"
+  hash(model)

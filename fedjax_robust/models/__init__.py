@@ -10,7 +10,10 @@ From an ml_collections config ``config.model = {name: 'fedavg_cnn', fc_dim: 64}`
 ``get_model_from_config(config.model, num_classes)`` (or
 ``get_model(**config.model, num_classes=...)``). ``init='torch'|'flax'`` is
 accepted as an alias of the modules' ``init_scheme`` field (a flax module
-field cannot be called ``init``). See ``classifiers.py`` for the common API.
+field cannot be called ``init``). Conv nets take ``conv_impl='xla'|'patches'``
+(how each convolution is computed; same params), e.g.
+``config.model = {name: 'fedavg_cnn', fc_dim: 64, conv_impl: 'patches'}``.
+See ``classifiers.py`` for the common API.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import numpy as np
 
 from fedjax_robust.models.classifiers import (CifarCNN, EMNISTCNN, FedAvgCNN,
                                               HARCNN, LeNet5, MLP)
-from fedjax_robust.models.layers import (INIT_SCHEMES, TorchConv, TorchDense,
+from fedjax_robust.models.layers import (CONV_IMPLS, INIT_SCHEMES, TorchConv,
+                                         TorchDense, check_conv_impl,
                                          torch_uniform_init)
 
 MODELS: dict[str, type[nn.Module]] = {
@@ -93,6 +97,8 @@ def get_model(name: str, num_classes: int, **kwargs: Any) -> nn.Module:
   if scheme not in INIT_SCHEMES:
     raise ValueError(
         f"unknown init scheme {scheme!r}; expected one of {INIT_SCHEMES}")
+  if "conv_impl" in kwargs:
+    check_conv_impl(kwargs["conv_impl"])
   kwargs = {k: _to_static(v) for k, v in kwargs.items()}
   return cls(num_classes=int(num_classes), **kwargs)
 
@@ -144,5 +150,5 @@ __all__ = [
     "MODELS", "DEFAULT_INPUT_SHAPES", "get_model", "get_model_from_config",
     "model_kwargs", "init_params", "count_params", "split_base_head",
     "merge_base_head", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5",
-    "CifarCNN", "TorchDense", "TorchConv", "torch_uniform_init",
+    "CifarCNN", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",
 ]

@@ -15,6 +15,13 @@ takes any ``[B, ...]`` and flattens it):
   MLP); FedCC reads ``params[model.penultimate]['kernel']``.
 * ``init_scheme='torch'`` (default) reproduces PyTorch's default init;
   ``'flax'`` uses flax's (LeCun-normal kernels, zero biases).
+* Conv nets (FedAvgCNN, EMNISTCNN, HARCNN, LeNet5, CifarCNN) take
+  ``conv_impl='xla'`` (default: ``lax.conv_general_dilated``, a grouped
+  convolution under ``vmap`` over client params) or ``'patches'``
+  (``conv_general_dilated_patches`` + matmul, a batched matmul under
+  ``vmap``); see ``layers.TorchConv``. Params (pytree, shapes, init values
+  for a key) are identical, so a run can switch it alone; outputs agree to
+  float32 rounding. Config: ``model: {name: fedavg_cnn, conv_impl: patches}``.
 
 Conv outputs are flattened in NHWC order (H, W, C), whereas PyTorch flattens
 (C, H, W): the parameter counts and init distributions are identical, but to
@@ -59,12 +66,15 @@ class FedAvgCNN(nn.Module):
   num_classes: int = 10
   fc_dim: int = 512
   init_scheme: str = "torch"
+  conv_impl: str = "xla"
 
   penultimate = "fc1"
 
   def setup(self):
-    self.conv1 = TorchConv(32, (5, 5), init_scheme=self.init_scheme)
-    self.conv2 = TorchConv(64, (5, 5), init_scheme=self.init_scheme)
+    self.conv1 = TorchConv(32, (5, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
+    self.conv2 = TorchConv(64, (5, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
     self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
 
@@ -91,12 +101,15 @@ class EMNISTCNN(nn.Module):
   num_classes: int = 62
   fc_dim: int = 128
   init_scheme: str = "torch"
+  conv_impl: str = "xla"
 
   penultimate = "fc1"
 
   def setup(self):
-    self.conv1 = TorchConv(16, (5, 5), init_scheme=self.init_scheme)
-    self.conv2 = TorchConv(32, (5, 5), init_scheme=self.init_scheme)
+    self.conv1 = TorchConv(16, (5, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
+    self.conv2 = TorchConv(32, (5, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
     self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
 
@@ -125,12 +138,15 @@ class HARCNN(nn.Module):
   num_classes: int = 6
   fc_dim: int = 64
   init_scheme: str = "torch"
+  conv_impl: str = "xla"
 
   penultimate = "fc1"
 
   def setup(self):
-    self.conv1 = TorchConv(32, (1, 5), init_scheme=self.init_scheme)
-    self.conv2 = TorchConv(64, (1, 5), init_scheme=self.init_scheme)
+    self.conv1 = TorchConv(32, (1, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
+    self.conv2 = TorchConv(64, (1, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
     self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
 
@@ -164,13 +180,16 @@ class LeNet5(nn.Module):
   num_classes: int = 10
   conv1_padding: int = 2
   init_scheme: str = "torch"
+  conv_impl: str = "xla"
 
   penultimate = "fc2"
 
   def setup(self):
     self.conv1 = TorchConv(6, (5, 5), padding=self.conv1_padding,
-                           init_scheme=self.init_scheme)
-    self.conv2 = TorchConv(16, (5, 5), init_scheme=self.init_scheme)
+                           init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
+    self.conv2 = TorchConv(16, (5, 5), init_scheme=self.init_scheme,
+                           impl=self.conv_impl)
     self.fc1 = TorchDense(120, init_scheme=self.init_scheme)
     self.fc2 = TorchDense(84, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
