@@ -57,6 +57,21 @@ def fedcap_value(per_client: dict, clients, n_test) -> float:
   return 100 * max(acc)
 
 
+def recorder(args, name: str):
+  """run_cells record of one run: per-client accuracies, test sizes (the run's partition.json), attackers, and
+  FedCAP's metric over the run's benign clients as the cell value."""
+  malicious = [] if name == "benign" else [int(i) for i in ATTACKER_SETS[name].split(",")]
+
+  def record(summary, run_dir, config):
+    n_test = json.loads((run_dir / "partition.json").read_text())["n_test"]
+    per_client = final_per_client(run_dir)
+    benign = [k for k in range(len(n_test)) if k not in malicious]
+    return {**per_client, "n_test": n_test, "malicious": malicious, "value": fedcap_value(per_client, benign, n_test),
+            "attack": "none" if name == "benign" else args.attack}
+
+  return record
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--attack", default="scaling", help="scenario of fedcap_cifar10 (default MR)")
@@ -64,23 +79,10 @@ def main():
   grid.add_common_args(parser, "runs/fedcap_orphans")
   args = parser.parse_args()
   logging.basicConfig(level=logging.WARNING)
-  out = Path(args.out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  results_path = grid.results_file(out, args.shard)
-  results = grid.load_results(results_path)
+  out, results_path, results = grid.open_results(args.out_dir, args.shard)
   if not args.table_only:
-    from fedjax_robust.data import build_federated_data
-    from fedjax_robust.experiment import run_experiment
-    for name in args.runs.split(","):
-      config = run_config(args, name)
-      n_test = np.asarray(build_federated_data(config.data).n_test).tolist()
-      summary = run_experiment(config, out / name)
-      malicious = [] if name == "benign" else [int(i) for i in ATTACKER_SETS[name].split(",")]
-      results[name] = {**final_per_client(out / name), "n_test": n_test, "malicious": malicious,
-                       "attack": "none" if name == "benign" else args.attack, "rounds": args.rounds,
-                       "epochs": args.epochs, "rounds_per_s": summary["rounds_per_s"]}
-      print(f"{name}: done in {summary['wall_time_s']:.0f}s", flush=True)
-      results_path.write_text(json.dumps(results, indent=1))
+    cells = [(name, run_config(args, name), recorder(args, name)) for name in args.runs.split(",")]
+    grid.run_cells(cells, out, results_path, results)
   table = markdown_table(grid.merged_results(out))
   (out / "table.md").write_text(table)
   print(table)

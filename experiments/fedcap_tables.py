@@ -175,10 +175,7 @@ def main():
   grid.add_common_args(parser, None)
   args = parser.parse_args()
   logging.basicConfig(level=logging.WARNING)
-  out = Path(args.out_dir or DEFAULT_OUT[args.mode])
-  out.mkdir(parents=True, exist_ok=True)
-  results_path = grid.results_file(out, args.shard)
-  results = grid.load_results(results_path)
+  out, results_path, results = grid.open_results(args.out_dir or DEFAULT_OUT[args.mode], args.shard)
   if args.mode == "ablation":
     table = run_ablation(args, out, results_path, results)
   elif args.mode == "personalized":

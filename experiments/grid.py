@@ -59,6 +59,14 @@ def apply_run_args(config, args):
   return apply_overrides(config, args.set)
 
 
+def open_results(out_dir: str, shard: str) -> tuple[Path, Path, dict]:
+  """``(out, results_path, results)``: creates ``out_dir`` and loads this shard's results file (empty if new)."""
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  results_path = results_file(out, shard)
+  return out, results_path, load_results(results_path)
+
+
 def results_file(out: Path, shard: str) -> Path:
   return out / (f"results.{shard}.json" if shard else "results.json")
 

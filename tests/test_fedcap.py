@@ -199,30 +199,12 @@ def test_detection_summary_p22():
   assert float(none["accuracy"]) == pytest.approx(0.7) and float(none["fnr"]) == 1.0
 
 
-def test_request_branch_for_clients_outside_the_pool_p19():
-  data, params, apply_fn, alg = fedcap_parts(request_updates=True, alpha=3.0, phi=0.3)
-  state = alg.init_server(params)
-  ids = jnp.array([0, 1, 2])
-  out, cdata = client_outputs(alg, params, data, state, ids)
-  state, _ = alg.server_update(state, out.upload, cdata.n.astype(jnp.float32), jax.random.key(0), ids)
-  assert np.asarray(state.pool_valid).tolist() == [True, True, True, False]
-  # client 3 was not in the pool: it trains E epochs of plain SGD from w^{t-1} for its request r_3
-  shared, own = alg.broadcast(state, jnp.arange(K))
-  c3 = ClientData(jnp.asarray(data.x_train[3]), jnp.asarray(data.y_train[3]), jnp.asarray(data.n_train[3]))
-  params3 = alg.personal_params((shared, jax.tree.map(lambda a: a[3], own)), {"v": params}, c3, jax.random.key(5))
-  loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
-  trained, _, _ = local_train(loss, optax.sgd(0.1), state.global_params, optax.sgd(0.1).init(params), c3,
-                              jax.random.key(5), SPEC)
-  request = flat(trained) - flat(state.global_params)
-  w = weights_of(request[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
-  assert w[3] == 0.0  # no self weight
-  np.testing.assert_allclose(flat(params3["customized"]), w @ np.asarray(state.pool_models), atol=1e-5)
+def _round_then_request(**kw):
+  """One round with clients 0-2 (all benign-looking), then client 3 (outside the pool) asks for ŵ_3.
 
-
-def _round_then_request(attack_name, malicious):
-  """One round with clients 0-2 (all benign-looking), then client 3 (outside the pool) asks for ŵ_3."""
-  data, params, apply_fn, alg = fedcap_parts(request_updates=True, alpha=3.0, phi=0.3,
-                                             request_attack=make_attack(attack_name), malicious=malicious)
+  Returns the server state after the round, ŵ_3 (flat) and client 3's honest request r_3 = SGD_E(w^{t-1}) - w^{t-1}.
+  """
+  data, params, apply_fn, alg = fedcap_parts(request_updates=True, alpha=3.0, phi=0.3, **kw)
   state = alg.init_server(params)
   ids = jnp.array([0, 1, 2])
   out, cdata = client_outputs(alg, params, data, state, ids)
@@ -236,6 +218,19 @@ def _round_then_request(attack_name, malicious):
   return state, flat(params3["customized"]), flat(trained) - flat(state.global_params)
 
 
+def _poisoned_request(attack_name, malicious):
+  return _round_then_request(request_attack=make_attack(attack_name), malicious=malicious)
+
+
+def test_request_branch_for_clients_outside_the_pool_p19():
+  state, customized, request = _round_then_request()
+  assert np.asarray(state.pool_valid).tolist() == [True, True, True, False]
+  # client 3 was not in the pool: it trains E epochs of plain SGD from w^{t-1} for its request r_3
+  w = weights_of(request[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
+  assert w[3] == 0.0  # no self weight
+  np.testing.assert_allclose(customized, w @ np.asarray(state.pool_models), atol=1e-5)
+
+
 def customized_from(request, state):
   w = weights_of(np.asarray(request)[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
   return w @ np.asarray(state.pool_models)
@@ -245,20 +240,20 @@ def test_poisoned_customization_requests_spec_2_3():
   """A malicious client outside the pool poisons its request r_3 before the server customizes for it (spec §2.3)."""
   mal3 = np.array([False, False, False, True])
   # sign flip acts on its own request: ŵ_3 comes from -r_3
-  state, customized, request = _round_then_request("sign_flip", mal3)
+  state, customized, request = _poisoned_request("sign_flip", mal3)
   np.testing.assert_allclose(customized, customized_from(-request, state), atol=1e-5)
   assert not np.allclose(customized, customized_from(request, state), atol=1e-4)
   # IPM crafts from the pool: -N mean(benign pool members); pool {0, 1, 2} with client 1 malicious
   mal13 = np.array([False, True, False, True])
-  state, customized, _ = _round_then_request("ipm", mal13)
+  state, customized, _ = _poisoned_request("ipm", mal13)
   pool = np.asarray(state.pool_updates)
   np.testing.assert_allclose(customized, customized_from(-3 * pool[[0, 2]].mean(0), state), atol=1e-5)
   # LIE from the pool (N = 3, M = 1), unbiased std
-  state, customized, _ = _round_then_request("lie", mal13)
+  state, customized, _ = _poisoned_request("lie", mal13)
   lie = pool[:3].mean(0) - float(lie_z(3, 1)) * pool[:3].std(0, ddof=1)
   np.testing.assert_allclose(customized, customized_from(lie, state), atol=1e-5)
   # a benign requester is untouched
-  state, customized, request = _round_then_request("lie", np.array([False, True, False, False]))
+  state, customized, request = _poisoned_request("lie", np.array([False, True, False, False]))
   np.testing.assert_allclose(customized, customized_from(request, state), atol=1e-5)
 
 
