@@ -7,10 +7,11 @@
 #   bash experiments/parallel_grid.sh baselines    ../shared/data runs/tableI              [extra flags...]
 #   bash experiments/parallel_grid.sh ablation     ../shared/data runs/fedcap_ablation     [extra flags...]  # Table IV
 #   bash experiments/parallel_grid.sh personalized ../shared/data runs/fedcap_personalized [extra flags...]  # Fig. 7
+#   bash experiments/parallel_grid.sh ditto_agr    ../shared/data runs/fedcap_ditto_agr    [extra flags...]  # Fig. 8
 #
 # Extra flags go to every process (e.g. --rounds 20). Logs: <out_dir>/log_<shard>.txt.
 set -euo pipefail
-grid=${1:?fedcap|baselines|ablation|personalized}; data_dir=${2:?data dir}; out_dir=${3:?out dir}; shift 3
+grid=${1:?fedcap|baselines|ablation|personalized|ditto_agr}; data_dir=${2:?data dir}; out_dir=${3:?out dir}; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # several processes share one GPU
 mode=()
@@ -23,7 +24,9 @@ case "$grid" in
           shards="v1 v2 v3 v4 v5" ;;
   personalized) script=$here/fedcap_tables.py; mode=(--mode personalized); flag=--methods
           shards="local fedavg fedavg_ft ditto fedrod fedfomo fedcap" ;;
-  *) echo "unknown grid '$grid' (fedcap | baselines | ablation | personalized)" >&2; exit 2 ;;
+  ditto_agr) script=$here/fedcap_tables.py; mode=(--mode ditto_agr); flag=--methods
+          shards="ditto ditto_clustered ditto_median ditto_trim fedcap" ;;
+  *) echo "unknown grid '$grid' (fedcap | baselines | ablation | personalized | ditto_agr)" >&2; exit 2 ;;
 esac
 mkdir -p "$out_dir"
 pids=()

@@ -273,6 +273,28 @@ def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
   assert t.VARIANTS["v1"][2] == ("customized",) and t.VARIANTS["v2"][2] == ("global", "")
 
 
+def test_fedcap_fig8_cell_configs_match_the_spec():
+  """Fig. 8 (spec §3 "Ditto + AGR", §5.6): Ditto lambda 0.1 (= Table IV ②) with Table I's server rules; FedCAP's cell."""
+  t = load_fedcap_tables()
+  rules = {m: (c.algorithm.name, c.algorithm.lamda, dict(c.aggregator))
+           for m in t.DITTO_AGRS for c in [t.ditto_agr_config(m, "min_sum")] if m != "fedcap"}
+  assert rules == {"ditto": ("ditto", 0.1, {"name": "mean"}),
+                   "ditto_clustered": ("ditto", 0.1, {"name": "clustered"}),
+                   "ditto_median": ("ditto", 0.1, {"name": "median"}),
+                   "ditto_trim": ("ditto", 0.1, {"name": "trimmed_mean", "num_trimmed": 3})}  # Q = floor(6 / 2)
+  fedcap = t.ditto_agr_config("fedcap", "ipm")
+  assert fedcap.algorithm.name == "fedcap" and fedcap.attack.name == "ipm"
+  assert (fedcap.algorithm.fedcap.alpha, fedcap.algorithm.fedcap.phi, fedcap.algorithm.fedcap.lamda) == tuple(
+      t._fedcap_cifar10("ipm").algorithm.fedcap[k] for k in ("alpha", "phi", "lamda"))
+  for m in t.DITTO_AGRS:
+    c = t.ditto_agr_config(m, "lie")
+    assert c.attack.name == "lie" and c.attack.fraction == 0.3 and c.attack.legacy_numpy_selection
+  # Table IV's Ditto row and Fig. 8's Ditto column are the same runs (spec §5.6).
+  assert t.PAPER_DITTO_AGR["ditto"] == t.PAPER_ABLATION["v2"][1:]
+  with pytest.raises(ValueError, match="Fig. 8"):
+    t.ditto_agr_config("ditto", "sign_flip")
+
+
 def _fedcap_tables_smoke(tmp_path, data_root, cache_dir, *args):
   """Two rounds of one epoch on 40 images per class (15 train / 5 test per client): the plumbing, not the numbers."""
   out = subprocess.run([sys.executable, str(REPO / "experiments" / "fedcap_tables.py"), "--data_dir", str(data_root),
@@ -330,3 +352,32 @@ def test_fedcap_orphans_table_compares_the_same_benign_clients():
   assert float(cells[3]) == pytest.approx(40 / 14, abs=0.01)  # drop
   assert float(cells[4]) == pytest.approx(0.0, abs=0.01)  # drop without client 16
   assert cells[7] == "90 / 50" and cells[8] == "attacker"  # client 16, client 19
+
+
+def test_fedcap_tables_mode_records_detection(tmp_path, shared_data, data_cache_dir):
+  """Table I/III cell under MR: FedCAP's value, both models, and the removal round of every attacker (spec §4.4).
+
+  One local step per round (15 train images, B = 10) gives updates ~100x smaller than the paper's setting, so T_norm
+  is scaled down with them (10 -> 0.1); the MR uploads (x N = 20) then cross it in round 1, the honest ones never.
+  """
+  results, table = _fedcap_tables_smoke(tmp_path, shared_data("cifar10_jpeg"), data_cache_dir, "--scenarios", "scaling",
+                                        "--set", "algorithm.fedcap.norm_threshold=0.1")
+  cell = results["scaling"]
+  assert cell["value"] == max(cell["customized"], cell["personalized"]) == max(cell["models"].values())
+  metrics = [json.loads(line) for line in (tmp_path / "scaling" / "metrics.jsonl").read_text().splitlines()]
+  assert [row["flagged_clients"] for row in metrics] == [[1, 8, 10, 17, 18, 19]] * 2  # removed for good
+  assert cell["removed_round"] == {"1": 1, "8": 1, "10": 1, "17": 1, "18": 1, "19": 1}
+  assert (cell["dacc"], cell["fpr"], cell["fnr"]) == (100.0, 0.0, 0.0)
+  assert f"| MR | {cell['value']:.2f} / 84.1 |" in table and "| 100 / 100 | 0 / 0 | 0 / 0 |" in table
+
+
+def test_fedcap_tables_ditto_agr_mode_runs_a_cell(tmp_path, shared_data, data_cache_dir):
+  """Fig. 8: Ditto + Trim. under IPM, scored as max(global, personalized); the table puts it beside the paper."""
+  results, table = _fedcap_tables_smoke(tmp_path, shared_data("cifar10_jpeg"), data_cache_dir, "--mode", "ditto_agr",
+                                        "--methods", "ditto_trim", "--scenarios", "ipm")
+  cell = results["ditto_trim__ipm"]
+  assert list(cell["models"]) == ["global", "own"] and cell["value"] == max(cell["models"].values())
+  summary = json.loads((tmp_path / "ditto_trim__ipm" / "summary.json").read_text())
+  assert summary["final"]["global_benign_acc_weighted"] * 100 == pytest.approx(cell["models"]["global"])
+  assert f"| Ditto+Trim. | — / 80.29 | — / 77.43 | — / 78.29 | {cell['value']:.2f} / 10.95 |" in table
+  assert "| FedCAP | — / 84.29 | — / 84.00 | — / 84.38 | — / 84.29 |" in table
