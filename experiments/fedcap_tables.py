@@ -295,21 +295,26 @@ def run_ablation(args, out: Path, results_path: Path, results: dict) -> str:
   return ablation_table(grid.merged_results(out))
 
 
+def ours_vs_paper_table(results: dict, row_header: str, labels: dict, scenarios, paper: dict, footer: str) -> str:
+  """A grid with a paper number per cell: "ours / paper" for each ``<row>__<scenario>`` cell, '—' if not run yet."""
+  lines = [f"| {row_header} | " + " | ".join(f"{SCENARIOS[s]} ours / paper" for s in scenarios) + " |",
+           "|" + "---|" * (len(scenarios) + 1)]
+  for row, label in labels.items():
+    cells = []
+    for scenario, theirs in zip(scenarios, paper[row]):
+      r = results.get(f"{row}__{scenario}")
+      cells.append(f"{r['value']:.2f} / {theirs:.2f}" if r else f"— / {theirs:.2f}")
+    lines.append(f"| {label} | " + " | ".join(cells) + " |")
+  return "\n".join(lines + ["", footer]) + "\n"
+
+
 def ablation_table(results: dict) -> str:
   """Table IV: ours / paper per cell; '—' for a cell not run yet."""
-  lines = ["| Variant | " + " | ".join(f"{SCENARIOS[s]} ours / paper" for s in ABLATION_SCENARIOS) + " |",
-           "|" + "---|" * (len(ABLATION_SCENARIOS) + 1)]
-  for variant, (label, _, _) in VARIANTS.items():
-    cells = []
-    for scenario, paper in zip(ABLATION_SCENARIOS, PAPER_ABLATION[variant]):
-      r = results.get(f"{variant}__{scenario}")
-      cells.append(f"{r['value']:.2f} / {paper:.2f}" if r else f"— / {paper:.2f}")
-    lines.append(f"| {label} | " + " | ".join(cells) + " |")
-  lines.append("")
-  lines.append("(alpha, phi, lambda) = (10, 0.3, 0.1) everywhere, Ditto lambda 0.1. Value: benign-client accuracy of "
-               "the customized models (①, ③), the better of customized and personalized (④, ⑤), the better of "
-               "global and personalized (② Ditto). Paper: specs/fedcap.md §5.4.")
-  return "\n".join(lines) + "\n"
+  return ours_vs_paper_table(
+      results, "Variant", {v: label for v, (label, _, _) in VARIANTS.items()}, ABLATION_SCENARIOS, PAPER_ABLATION,
+      "(alpha, phi, lambda) = (10, 0.3, 0.1) everywhere, Ditto lambda 0.1. Value: benign-client accuracy of the "
+      "customized models (①, ③), the better of customized and personalized (④, ⑤), the better of global and "
+      "personalized (② Ditto). Paper: specs/fedcap.md §5.4.")
 
 
 # ------------------------------------------------------------------------------------------ --mode personalized
@@ -376,21 +381,12 @@ def run_ditto_agr(args, out: Path, results_path: Path, results: dict) -> str:
 
 def ditto_agr_table(results: dict) -> str:
   """Fig. 8 as a table: ours / paper per cell ('—' for a cell not run yet)."""
-  lines = ["| Method | " + " | ".join(f"{SCENARIOS[s]} ours / paper" for s in DITTO_AGR_SCENARIOS) + " |",
-           "|" + "---|" * (len(DITTO_AGR_SCENARIOS) + 1)]
-  for method, (label, _) in DITTO_AGRS.items():
-    cells = []
-    for scenario, paper in zip(DITTO_AGR_SCENARIOS, PAPER_DITTO_AGR[method]):
-      r = results.get(f"{method}__{scenario}")
-      cells.append(f"{r['value']:.2f} / {paper:.2f}" if r else f"— / {paper:.2f}")
-    lines.append(f"| {label} | " + " | ".join(cells) + " |")
-  lines.append("")
-  lines.append("Ditto lambda 0.1 (= Table IV's ②), server rule as in Table I (Trim. drops 3 per side); value: the "
-               "better of global and personalized benign accuracy for Ditto, of customized and personalized for FedCAP "
-               "(per-scenario hyperparameters of Table I). Paper: specs/fedcap.md §5.6, approximate values from the "
-               "artifact's CSV of an earlier run.")
-  return "\n".join(lines) + "\n"
-
+  return ours_vs_paper_table(
+      results, "Method", {m: label for m, (label, _) in DITTO_AGRS.items()}, DITTO_AGR_SCENARIOS, PAPER_DITTO_AGR,
+      "Ditto lambda 0.1 (= Table IV's ②), server rule as in Table I (Trim. drops 3 per side); value: the better of "
+      "global and personalized benign accuracy for Ditto, of customized and personalized for FedCAP (per-scenario "
+      "hyperparameters of Table I). Paper: specs/fedcap.md §5.6, approximate values from the artifact's CSV of an "
+      "earlier run.")
 
 if __name__ == "__main__":
   main()
