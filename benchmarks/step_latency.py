@@ -22,6 +22,12 @@ Formulations (``name[@unroll]``; ``unroll`` is the ``lax.scan`` unroll factor, a
                program, no inner ``while`` (XLA may schedule them freely).
   patches      (c) each conv as ``lax.conv_general_dilated_patches`` (clients folded into the batch: patch
                extraction has no weights) + a batched matmul ``einsum('cnk,cko->cno')``.
+  pair_separate, pair_stacked
+               FedCAP's / Ditto's client step: ``jax.vmap(local_train)`` of the pair loss
+               ``CE(w) + CE(v) + lamda/2 ||v - anchor||^2`` on ``{w, v}`` (``fedjax_robust.algorithms.ditto``),
+               with the two models' passes run separately or as one vmapped pass over the stacked pair
+               (``engine.pair_forward``). Two models per step, so they are checked against ``pair_separate@1``
+               (not ``engine@1``) and their TFLOP/s count both models; their rounds/s is FedCAP's local training.
   loop_floor   not a training step: per step, one batch slice and an elementwise update of every parameter.
                The floor of a scan step on this backend (loop + launch overhead); excluded from the check.
 
@@ -67,10 +73,13 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
 
-NAMES = ("engine", "vmap", "grouped", "lax_map", "client_loop", "patches", "loop_floor")
-DEFAULT_FORMULATIONS = "engine@1,engine@5,engine@25,vmap,grouped,lax_map,client_loop,patches,loop_floor"
+NAMES = ("engine", "vmap", "grouped", "lax_map", "client_loop", "patches", "pair_separate", "pair_stacked",
+         "loop_floor")
+DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,vmap,grouped,lax_map,client_loop,patches,pair_separate,pair_stacked,"
+                        "loop_floor")
 NOT_CHECKED = ("loop_floor",)
 REFERENCE = "engine@1"
+PAIR_REFERENCE = "pair_separate@1"  # reference of the two-model (FedCAP / Ditto) formulations
 DN = ("NHWC", "HWIO", "NHWC")
 
 # Datasheet peaks, dense (no sparsity), TFLOP/s: (FP32 non-tensor, TF32 tensor core). Matched on device_kind.
@@ -93,6 +102,7 @@ class Setting(NamedTuple):
   num_classes: int = 10
   fc_dim: int = 64
   lr: float = 0.01
+  lamda: float = 0.1  # pair formulations: prox weight of v toward the frozen anchor (FedCAP's CIFAR-10 lambda)
 
 
 def per_epoch_for(steps: int, samples: int, batch: int) -> int:
@@ -255,6 +265,41 @@ def build_engine(s: Setting, steps: int, unroll):
   return fn
 
 
+def is_pair(name_or_label: str) -> bool:
+  return name_or_label.startswith("pair_")
+
+
+def pair_start(p):
+  """Start of the pair step: ``w`` = the client's params, ``v`` = half of them (v != w, so the passes differ)."""
+  return {"w": p, "v": jax.tree.map(lambda a: 0.5 * a, p)}
+
+
+def _build_pair(pair_forward: str):
+  """FedCAP's / Ditto's client step on ``{w, v}`` from the same start, anchored at the start (spec §1.5)."""
+  def builder(s: Setting, steps: int, unroll):
+    from fedjax_robust.algorithms.ditto import ditto_pair_loss
+    from fedjax_robust.client.local_sgd import ClientData, LocalTrainSpec, local_train
+    model = make_model(s)
+    apply_fn = lambda p, x: model.apply({"params": p}, x)
+    opt = optax.sgd(s.lr)
+    if steps % s.per_epoch:
+      raise ValueError(f"{pair_forward} pair needs steps ({steps}) to be a multiple of per_epoch ({s.per_epoch})")
+    spec = LocalTrainSpec(epochs=steps // s.per_epoch, batch_size=s.batch, drop_last=True, shuffle=False,
+                          unroll=unroll)
+
+    def one(p, x, y, n):
+      pair = pair_start(p)
+      out, _, _ = local_train(ditto_pair_loss(apply_fn, p, s.lamda, pair_forward), opt, pair, opt.init(pair),
+                              ClientData(x, y, n), jax.random.key(0), spec)
+      return out
+
+    def fn(params, x, y):
+      n = jnp.full((x.shape[0],), x.shape[1], jnp.int32)
+      return jax.vmap(one)(params, x, y, n)
+    return fn
+  return builder
+
+
 def build_vmap(s: Setting, steps: int, unroll):
   step = jax.vmap(_one_client_step(s))
   return lambda params, x, y: _scan_steps(step, params, x, y, steps, unroll, s)
@@ -293,7 +338,8 @@ def build_loop_floor(s: Setting, steps: int, unroll):
 
 
 BUILDERS = {"engine": build_engine, "vmap": build_vmap, "grouped": build_grouped, "lax_map": build_lax_map,
-            "client_loop": build_client_loop, "patches": build_patches, "loop_floor": build_loop_floor}
+            "client_loop": build_client_loop, "patches": build_patches, "pair_separate": _build_pair("separate"),
+            "pair_stacked": _build_pair("stacked"), "loop_floor": build_loop_floor}
 
 
 def parse_formulation(text: str, default_unrolls=("1",)):
@@ -341,7 +387,7 @@ def run_check(labels, s: Setting, params, x, y, check_steps: int, precision: str
   ``combined``: all formulations in ONE jitted program (one compile instead of one each; used by the test).
   """
   ctx = _precision(precision) if precision and precision != "default" else contextlib.nullcontext()
-  p0 = _flat(params)
+  p0 = _flat(jax.vmap(pair_start)(params) if is_pair(labels[0]) else params)
   fns = []
   for label in labels:
     (_, name, unroll), = parse_formulation(label)
@@ -481,19 +527,25 @@ def main(argv=None) -> dict:
   check = None
   if not args.no_check:
     checked = [l for l in args.labels if parse_formulation(l)[0][1] not in NOT_CHECKED]
-    if REFERENCE not in checked:
-      checked = [REFERENCE] + checked
     sc = s._replace(per_epoch=per_epoch_for(args.check_steps, args.samples, args.batch))
     pc, xc, yc = params, x[:, : sc.per_epoch * s.batch], y[:, : sc.per_epoch * s.batch]
-    t = time.perf_counter()
-    check = run_check(checked, sc, pc, xc, yc, args.check_steps, args.check_precision)
-    print(f"check ({args.check_steps} steps, precision {args.check_precision}, {time.perf_counter() - t:.1f} s): "
-          f"max |update| {check[REFERENCE]['max_abs_update']:.2e}", flush=True)
-    for label, r in check.items():
-      print(f"  {label:16s} max abs diff vs {REFERENCE} {r['max_abs_diff']:.2e}  "
-            f"(relative to the update {r['rel_update_diff']:.2e})", flush=True)
+    check = {}
+    for reference, group in ((REFERENCE, [l for l in checked if not is_pair(l)]),
+                             (PAIR_REFERENCE, [l for l in checked if is_pair(l)])):
+      if not group:
+        continue
+      group = group if reference in group else [reference] + group
+      t = time.perf_counter()
+      report = run_check(group, sc, pc, xc, yc, args.check_steps, args.check_precision)
+      print(f"check ({args.check_steps} steps, precision {args.check_precision}, {time.perf_counter() - t:.1f} s): "
+            f"max |update| {report[reference]['max_abs_update']:.2e}", flush=True)
+      for label, r in report.items():
+        r["reference"] = reference
+        print(f"  {label:16s} max abs diff vs {reference} {r['max_abs_diff']:.2e}  "
+              f"(relative to the update {r['rel_update_diff']:.2e})", flush=True)
+      check.update(report)
     bad = {l: r for l, r in check.items() if r["max_abs_diff"] > args.atol or r["rel_update_diff"] > args.rtol_update}
-    assert not bad, f"formulations disagree with {REFERENCE}: {bad}"
+    assert not bad, f"formulations disagree with their reference: {bad}"
 
   peaks = (args.peak_tflops, None) if args.peak_tflops else device_peaks(kind)
   rows, compiled = [], {}
@@ -501,7 +553,8 @@ def main(argv=None) -> dict:
     row, comp = time_formulation(label, s, params, x, y, args.steps, args.repeats)
     compiled[label] = comp
     row["rounds_per_s"] = 1e3 / (row["ms_per_step"] * args.steps_per_round)
-    row["achieved_tflops"] = flops["train_per_step"] / (row["ms_per_step"] * 1e-3) / 1e12
+    models = 2 if is_pair(label) else 1  # a pair step trains two models
+    row["achieved_tflops"] = models * flops["train_per_step"] / (row["ms_per_step"] * 1e-3) / 1e12
     rows.append(row)
     xf = f"{row['xla_flops_per_step'] / 1e9:.2f}" if row["xla_flops_per_step"] else "n/a"
     print(f"  {label:16s} compile {row['compile_s']:6.2f} s  {row['ms_per_step']:9.3f} ms/step  "
@@ -522,8 +575,9 @@ def main(argv=None) -> dict:
       line += f" {' / '.join(pk)} |"
     lines.append(line)
   print("\n" + "\n".join(lines), flush=True)
-  print(f"(TFLOP/s = analytic {flops['train_per_step'] / 1e9:.2f} GFLOP/step / time; loop_floor is not a training "
-        f"step; its TFLOP/s is meaningless)", flush=True)
+  print(f"(TFLOP/s = analytic {flops['train_per_step'] / 1e9:.2f} GFLOP/step per model / time; pair_* steps train "
+        f"two models (FedCAP / Ditto: their rounds/s is the local training of one such round); loop_floor is not a "
+        f"training step; its TFLOP/s is meaningless)", flush=True)
 
   traces = {}
   if args.profile_dir:

@@ -27,7 +27,7 @@ from fedjax_robust import attacks
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
-from fedjax_robust.algorithms.ditto import make_ditto
+from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
 from fedjax_robust.algorithms.fedfomo import make_fedfomo
@@ -116,6 +116,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine = ml_collections.ConfigDict({
       "strategy": "auto",  # auto | vmap | shard_map | sequential
       "unroll": "auto",  # auto | true | false | int: lax.scan unroll of the local steps
+      # Ditto / FedCAP: run the pair's two models as two passes ('separate') or one vmapped pass ('stacked');
+      # same numbers, speed differs per backend (benchmarks/step_latency.py --pair).
+      "pair_forward": "separate",
       "num_devices": 0,  # shard_map mesh size; 0 = all devices
       "cpu_devices": 0,  # > 0: force this many XLA:CPU host devices (set before JAX starts)
       "eval_batch_size": 1024,
@@ -181,12 +184,19 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
   return ClientData(jnp.asarray(data.x_train[k, i]), jnp.asarray(data.y_train[k, i], jnp.int32), jnp.int32(size))
 
 
+def _pair_forward(config) -> str:
+  """``engine.pair_forward``, checked for every algorithm (only Ditto and FedCAP train a pair)."""
+  engine = config.get("engine")
+  return check_pair_forward(str(engine.get("pair_forward", "separate")) if engine is not None else "separate")
+
+
 def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None, num_clients=None,
                    cohort=None, features_fn=None, attack=None, malicious=None) -> FedAlgorithm:
   """The algorithm ``config.algorithm.name`` describes. ``attack`` / ``malicious`` (the run's model attack and
   ``[K]`` attacker mask) reach algorithms whose clients can be attacked outside the uploads (FedCAP's
   poisoned customization requests, spec §2.3)."""
   name = config.algorithm.name
+  pair_forward = _pair_forward(config)
   client_opt = optimizer_from_config(config.client)
   server_opt = optimizer_from_config(config.server)
   persist = bool(config.client.persist_optimizer_state)
@@ -204,7 +214,7 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
                      "leave client.persist_optimizer_state=False")
   if name == "ditto":
     return make_ditto(apply_fn, client_opt, spec, server_opt, lamda=float(config.algorithm.lamda),
-                      aggregator=aggregator, root_data=root_data)
+                      aggregator=aggregator, root_data=root_data, pair_forward=pair_forward)
   if name == "fedrod":
     return make_fedrod(apply_fn, client_opt, spec, server_opt, features_fn=features_fn,
                        count_floor=float(config.algorithm.fedrod_count_floor), aggregator=aggregator,
@@ -225,7 +235,8 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
     return make_fedcap(apply_fn, client_opt, spec, num_clients, alpha=float(f.alpha), phi=float(f.phi),
                        lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
                        personalize=bool(f.personalize), request_updates=bool(request),
-                       request_attack=attack if bool(f.get("poison_requests", True)) else None, malicious=malicious)
+                       request_attack=attack if bool(f.get("poison_requests", True)) else None, malicious=malicious,
+                       pair_forward=pair_forward)
   if name == "fedfomo":
     if aggregator is not None:
       raise ValueError("algorithm 'fedfomo' aggregates nothing globally (each client combines the models it is "

@@ -88,6 +88,7 @@ def test_every_algorithm_runs_from_config(tmp_path, algorithm):
     ("algorithm.name", "fedsgd", "unknown algorithm"),
     ("server.participation", 1.5, "participation"),
     ("engine.strategy", "pmap", "unknown execution strategy"),
+    ("engine.pair_forward", "fused", "pair_forward"),
     ("client.optimizer", "rmsprop", "unknown optimizer"),
     ("model.name", "resnet1000", "unknown model"),
     ("data.name", "imagenet22k", "imagenet22k"),

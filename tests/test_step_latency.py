@@ -33,6 +33,17 @@ def test_formulations_agree_with_engine(sl):
     assert r["rel_update_diff"] < 1e-4, (label, r)
 
 
+def test_pair_formulations_agree(sl):
+  """FedCAP's / Ditto's two-model step: one vmapped pass over the stacked pair == two passes."""
+  steps = 2
+  s = sl.Setting(clients=2, batch=2, per_epoch=sl.per_epoch_for(steps, 225, 2), image=(32, 32, 3))
+  params, x, y = sl.make_inputs(s, seed=1)
+  report = sl.run_check(["pair_separate@1", "pair_stacked@1"], s, params, x, y, steps, "highest", combined=True)
+  assert report["pair_separate@1"]["max_abs_update"] > 1e-4
+  assert report["pair_stacked@1"]["max_abs_diff"] < 1e-6, report
+  assert sl.is_pair("pair_stacked@5") and not sl.is_pair("engine@1")
+
+
 def test_parse_and_setting_helpers(sl):
   assert [l for l, _, _ in sl.parse_formulation("engine", ("1", "5", "full"))] == ["engine@1", "engine@5",
                                                                                     "engine@full"]

@@ -27,6 +27,15 @@ leaves, e.g. global-norm clipping, would couple the two models; none is used.)
 The reported ``loss`` metric is the mean over real steps of that pair loss,
 i.e. ``CE(w) + CE(v) + prox`` — not comparable with FedAvg's ``train_loss``.
 
+``pair_forward`` chooses how the two forward/backward passes are executed, not what
+they compute: ``separate`` runs ``apply_fn`` twice; ``stacked`` stacks ``w`` and
+``v`` on a leading axis and runs one ``vmap``-ed pass on the shared batch (the
+first conv becomes one conv with twice the output channels, later ones a grouped
+conv). Same loss and gradients up to float rounding; which one is faster depends on
+the backend (a latency-bound GPU step launches half the kernels with ``stacked``;
+XLA:CPU runs grouped convs slowly), so it is an engine option
+(``engine.pair_forward``), measured in ``benchmarks/step_latency.py``.
+
 Evaluation: ``global_params`` = ``w`` (→ ``global_*`` metrics) and
 ``personal_params`` = ``v_k`` (→ ``client_acc_*`` / ``benign_acc_*``). FedCAP
 reports ``max(global_benign_acc_weighted, benign_acc_weighted)`` (spec §3, last
@@ -39,6 +48,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators import Aggregator
@@ -50,12 +60,37 @@ PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]  # (params, x) -> logits
 
 
-def ditto_pair_loss(apply_fn: ApplyFn, anchor: PyTree, lamda: float):
+PAIR_FORWARDS = ("separate", "stacked")
+
+
+def check_pair_forward(pair_forward: str) -> str:
+  if pair_forward not in PAIR_FORWARDS:
+    raise ValueError(f"pair_forward must be one of {PAIR_FORWARDS}, got {pair_forward!r}")
+  return pair_forward
+
+
+def pair_logits(apply_fn: ApplyFn, pair_forward: str = "separate"):
+  """``(params_w, params_v, x) -> (logits_w, logits_v)``: two models on one batch (module docstring)."""
+  check_pair_forward(pair_forward)
+
+  def separate(w, v, x):
+    return apply_fn(w, x), apply_fn(v, x)
+
+  def stacked(w, v, x):
+    both = jax.tree.map(lambda a, b: jnp.stack([a, b]), w, v)
+    logits = jax.vmap(apply_fn, in_axes=(0, None))(both, x)
+    return logits[0], logits[1]
+
+  return stacked if pair_forward == "stacked" else separate
+
+
+def ditto_pair_loss(apply_fn: ApplyFn, anchor: PyTree, lamda: float, pair_forward: str = "separate"):
   """Loss on ``{"v", "w"}`` whose gradient is the two per-batch steps of spec §1.5 (anchor = frozen w^t)."""
+  forward = pair_logits(apply_fn, pair_forward)
 
   def loss_fn(params, x, y, mask):
-    loss = masked_cross_entropy(apply_fn(params["w"], x), y, mask)
-    loss = loss + masked_cross_entropy(apply_fn(params["v"], x), y, mask)
+    logits_w, logits_v = forward(params["w"], params["v"], x)
+    loss = masked_cross_entropy(logits_w, y, mask) + masked_cross_entropy(logits_v, y, mask)
     if lamda:
       loss = loss + 0.5 * lamda * squared_distance(params["v"], anchor)
     return loss
@@ -71,6 +106,7 @@ def make_ditto(
     lamda: float = 1.0,
     aggregator: Aggregator | None = None,
     root_data: ClientData | None = None,
+    pair_forward: str = "separate",
     name: str = "ditto",
 ) -> FedAlgorithm:
   """Ditto (module docstring). ``lamda``: the prox weight λ of ``h_k`` (spec §3: CIFAR benign 1.0).
@@ -79,10 +115,12 @@ def make_ditto(
   server half (init, broadcast, aggregation, global model) is reused verbatim.
   ``lamda = 0`` makes ``v`` plain local SGD continued across rounds (Local
   training that restarts nowhere), while ``w`` is always FedAvg's client.
+  ``pair_forward``: how the pair's two passes run (module docstring); same numbers.
   """
   if lamda < 0:
     raise ValueError(f"ditto: lamda must be >= 0, got {lamda}")
   lamda = float(lamda)
+  check_pair_forward(pair_forward)
   server = make_fedavg(apply_fn, client_opt, spec, server_opt, aggregator=aggregator, root_data=root_data)
 
   def init_client(params):
@@ -90,7 +128,7 @@ def make_ditto(
 
   def client_update(global_params, client_state, data: ClientData, key):
     params = {"v": client_state["v"], "w": global_params}
-    trained, _, metrics = local_train(ditto_pair_loss(apply_fn, global_params, lamda), client_opt, params,
+    trained, _, metrics = local_train(ditto_pair_loss(apply_fn, global_params, lamda, pair_forward), client_opt, params,
                                       client_opt.init(params), data, key, spec)
     return ClientOutput({"delta": tree_sub(trained["w"], global_params)}, {"v": trained["v"]}, metrics)
 

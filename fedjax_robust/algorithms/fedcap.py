@@ -53,7 +53,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.attacks import OWN_UPDATE_ATTACKS, ModelAttack, craft
-from fedjax_robust.algorithms.ditto import ditto_pair_loss
+from fedjax_robust.algorithms.ditto import check_pair_forward, ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 
@@ -120,6 +120,7 @@ def make_fedcap(
     request_updates: bool = False,
     request_attack: Optional[ModelAttack] = None,
     malicious: Optional[Any] = None,
+    pair_forward: str = "separate",
     name: str = "fedcap",
 ) -> FedAlgorithm:
   """FedCAP (module docstring). ``num_clients`` = K, the size of the server's pools.
@@ -135,6 +136,9 @@ def make_fedcap(
   their request updates with this attack (spec §2.3, module docstring); only
   meaningful with ``request_updates``, since without requests there is nothing
   to poison.
+
+  ``pair_forward``: how the personalized and customized models' passes run
+  (:func:`fedjax_robust.algorithms.ditto.pair_logits`); same numbers.
   """
   if alpha < 0:
     raise ValueError(f"fedcap: alpha must be >= 0, got {alpha}")
@@ -146,6 +150,7 @@ def make_fedcap(
     raise ValueError(f"fedcap: norm_threshold must be > 0, got {norm_threshold}")
   if num_clients < 1:
     raise ValueError(f"fedcap: num_clients must be >= 1, got {num_clients}")
+  check_pair_forward(pair_forward)
   alpha, phi, lamda, norm_threshold = float(alpha), float(phi), float(lamda), float(norm_threshold)
   poison_requests = request_updates and request_attack is not None and request_attack.name != "none"
   if poison_requests:
@@ -160,7 +165,7 @@ def make_fedcap(
   def pair_loss(anchor):
     """CE(w) + CE(v) + λ/2‖v - ŵ‖² with ŵ frozen (Ditto's pair loss, spec §1.5); CE(w) alone without personalization."""
     if personalize:
-      return ditto_pair_loss(apply_fn, anchor, lamda)
+      return ditto_pair_loss(apply_fn, anchor, lamda, pair_forward)
     return lambda params, x, y, mask: masked_cross_entropy(apply_fn(params["w"], x), y, mask)
 
   def init_server(params):
