@@ -1,4 +1,4 @@
-"""A plain sequential FedAvg, written the way today's PyTorch FL code is written.
+"""Plain sequential FedAvg and FedCAP, written the way today's PyTorch FL code is written.
 
 A Python loop over clients and over mini-batches, one jitted SGD step per
 batch, batches gathered on the host. It is the independent reference the
@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.client import LocalTrainSpec, epoch_permutations, masked_cross_entropy, steps_per_epoch
 from fedjax_robust.simulation import round_keys, sample_cohort
@@ -68,3 +69,110 @@ class ReferenceFedAvg:
       w = float(self.n[c]) / total
       new = jax.tree.map(lambda acc, l, p: acc + w * (l - p), new, local, params)
     return jax.tree.map(jnp.add, params, new)
+
+
+class ReferenceFedCAP:
+  """Sequential FedCAP (full participation), written the way the official PyTorch artifact is: a loop over
+  clients, a loop over mini-batches with two jitted steps per batch (the prox step on ``v_k``, then the plain
+  step on the local copy of ``ŵ_k``), and the server's pools as per-client dictionaries (``specs/fedcap.md`` §1).
+
+  It shares no code with :mod:`fedjax_robust.algorithms.fedcap` beyond the batch order and the key schedule, so
+  it is the independent check of the vectorized algorithm (``tests/test_fedcap.py``) and the sequential baseline
+  of ``benchmarks/rounds_per_second.py --algorithm fedcap``. ``upload_transform`` is the simulator's attack hook
+  ``(uploads, cohort, key, context) -> uploads`` on ``{"delta": stacked uploads}``.
+  """
+
+  def __init__(self, apply_fn: Callable, client_opt: optax.GradientTransformation, spec: LocalTrainSpec, data,
+               alpha: float = 10.0, phi: float = 0.3, lamda: float = 0.1, norm_threshold: float = 10.0,
+               upload_transform: Callable | None = None):
+    self.client_opt, self.spec = client_opt, spec
+    self.alpha, self.phi, self.norm_threshold = float(alpha), float(phi), float(norm_threshold)
+    self.upload_transform = upload_transform
+    self.x, self.y, self.n = np.asarray(data.x_train), np.asarray(data.y_train), np.asarray(data.n_train)
+    self.num_clients = len(self.n)
+
+    def ce(params, x, y):
+      return masked_cross_entropy(apply_fn(params, x), y, jnp.ones(y.shape[0]))
+
+    def personal_loss(v, anchor, x, y):  # Eq. 7: F_k(v) + λ/2 ||v - ŵ_k||², ŵ_k frozen
+      prox = sum(jnp.sum(jnp.square(a - b)) for a, b in zip(jax.tree.leaves(v), jax.tree.leaves(anchor)))
+      return ce(v, x, y) + 0.5 * lamda * prox
+
+    def make_step(loss_fn):
+      @jax.jit
+      def step(params, opt_state, *args):
+        grads = jax.grad(loss_fn)(params, *args)
+        updates, opt_state = client_opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+      return step
+
+    self._personal_step = make_step(personal_loss)
+    self._plain_step = make_step(ce)
+
+  def init(self, params: PyTree) -> dict:
+    flat, unravel = ravel_pytree(params)
+    return {"global": np.asarray(flat, np.float64), "unravel": unravel, "pool_models": {}, "pool_updates": {},
+            "removed_round": {}, "v": [params] * self.num_clients, "round": 0}
+
+  def customized(self, state: dict, k: int) -> np.ndarray:
+    """ŵ_k (Eqs. 3-5): φ on its own recovered model, 1 - φ on the softmax of α·cos over the other pool members."""
+    models, updates = state["pool_models"], state["pool_updates"]
+    if k not in models:
+      return state["global"]
+    others = [i for i in sorted(models) if i != k]
+    if not others:
+      return models[k]
+    r = updates[k]
+    cos = np.array([r @ updates[i] / (np.linalg.norm(r) * np.linalg.norm(updates[i])) for i in others])
+    logits = self.alpha * np.where(np.isfinite(cos), cos, -1.0)
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    return self.phi * models[k] + (1.0 - self.phi) * sum(pi * models[i] for pi, i in zip(p, others))
+
+  def local_update(self, state: dict, k: int, customized: np.ndarray, key: jax.Array):
+    """Client k's E epochs: per batch one prox step on v_k toward ŵ_k, then one plain step on w; returns (v, w)."""
+    unravel, spec, n = state["unravel"], self.spec, int(self.n[k])
+    anchor = unravel(jnp.asarray(customized, jnp.float32))
+    v, w = state["v"][k], anchor
+    v_opt, w_opt = self.client_opt.init(v), self.client_opt.init(w)
+    _, train_key = jax.random.split(key)  # the algorithm's request key / train key split
+    order = np.asarray(epoch_permutations(train_key, n, self.x.shape[1], spec.epochs, spec.shuffle))
+    for epoch in range(spec.epochs):
+      for b in range(steps_per_epoch(n, spec.batch_size, spec.drop_last)):
+        idx = order[epoch, b * spec.batch_size: min((b + 1) * spec.batch_size, n)]
+        x, y = self.x[k, idx], self.y[k, idx]
+        v, v_opt = self._personal_step(v, v_opt, anchor, x, y)
+        w, w_opt = self._plain_step(w, w_opt, x, y)
+    return v, w
+
+  def run_round(self, state: dict, run_key: jax.Array) -> dict:
+    _, client_key, aux_key, _ = round_keys(run_key, state["round"])
+    clients = range(self.num_clients)
+    sent, deltas, vs = {}, [], []
+    for k in clients:
+      sent[k] = self.customized(state, k)
+      v, w = self.local_update(state, k, sent[k], jax.random.fold_in(client_key, k))
+      vs.append(v)
+      deltas.append(np.asarray(ravel_pytree(w)[0], np.float64) - sent[k])  # d_k = w - ŵ_k
+    if self.upload_transform is not None:
+      unravel = state["unravel"]
+      stacked = jax.vmap(unravel)(jnp.asarray(np.stack(deltas), jnp.float32))
+      context = {"global_params": unravel(jnp.asarray(state["global"], jnp.float32)),
+                 "weights": jnp.asarray(self.n, jnp.float32), "round": state["round"]}
+      poisoned = self.upload_transform({"delta": stacked}, jnp.arange(self.num_clients), aux_key, context)["delta"]
+      deltas = list(np.asarray(jax.vmap(lambda d: ravel_pytree(d)[0])(poisoned), np.float64))
+    removed_round = dict(state["removed_round"])
+    pool_models, pool_updates = {}, {}
+    for k in clients:
+      recovered = sent[k] + deltas[k]  # w̃_k = ŵ_k + d_k, with the server's own record of ŵ_k
+      calibrated = recovered - state["global"]  # d̃_k = w̃_k - w^t
+      if not np.linalg.norm(calibrated) <= self.norm_threshold:  # strictly greater, or NaN: removed for good
+        removed_round.setdefault(k, state["round"] + 1)
+      if k not in removed_round:
+        pool_models[k], pool_updates[k] = recovered, calibrated
+    new_global = state["global"]
+    if pool_models:  # Eq. 6: sample-weighted mean of the pool's recovered models
+      total = sum(float(self.n[k]) for k in pool_models)
+      new_global = sum(float(self.n[k]) / total * m for k, m in pool_models.items())
+    return {**state, "global": new_global, "pool_models": pool_models, "pool_updates": pool_updates,
+            "removed_round": removed_round, "v": vs, "round": state["round"] + 1}
