@@ -1,11 +1,18 @@
 #!/usr/bin/env python
-"""Rounds per second of one FedAvg round, per execution strategy of the client axis.
+"""Rounds per second of one FedAvg (or FedCAP) round, per execution strategy of the client axis.
 
 For each workload, in one process, this times the engine's strategies
 (``vmap``, ``shard_map`` over one or more device counts, ``sequential``) and the
 plain sequential baseline :class:`fedjax_robust.reference.ReferenceFedAvg`
 (a Python loop over clients and batches, one jitted SGD step per batch — how
 today's PyTorch FL code is written).
+
+``--algorithm fedcap`` times FedCAP instead (paper defaults alpha 10, phi 0.3,
+lambda 0.1, T_norm 10; every client trains its personalized and its customized
+model on each batch) against :class:`fedjax_robust.reference.ReferenceFedCAP`,
+the same client loop with two jitted steps per batch and the server's pools as
+per-client dictionaries. ``--pair_forward separate|stacked`` picks how the
+engine runs the two models (``engine.pair_forward``).
 
 Workloads:
   fedcap_cifar10_e1 / _e5  FedCAP's CIFAR-10 setting: FedAvgCNN (fc 64, 156,810
@@ -41,6 +48,7 @@ longer than ``--slow-cap`` seconds (120 s).
     python benchmarks/rounds_per_second.py --workload digits_mlp --out r.json
     python benchmarks/rounds_per_second.py --cpu-devices 20,4,2 --strategies vmap,shard_map
     python benchmarks/rounds_per_second.py --workload fedcap_cifar10 --strategies vmap --conv_impl patches
+    python benchmarks/rounds_per_second.py --workload fedcap_cifar10_e5 --algorithm fedcap --pair_forward stacked
 """
 
 from __future__ import annotations
@@ -235,22 +243,31 @@ def _time_rounds(step, state, rounds: int, min_time: float, max_time: float = fl
   return first, times, after_first
 
 
-def build_engine(wl: Workload, data, apply_fn, strategy_name: str, num_devices, unroll):
+ALGORITHMS = ("fedavg", "fedcap")
+
+
+def build_engine(wl: Workload, data, apply_fn, strategy_name: str, num_devices, unroll, algorithm: str = "fedavg",
+                 pair_forward: str = "separate"):
   import optax
   from fedjax_robust.algorithms.fedavg import make_fedavg
+  from fedjax_robust.algorithms.fedcap import make_fedcap
   from fedjax_robust.client.local_sgd import LocalTrainSpec
   from fedjax_robust.execution import make_strategy
   from fedjax_robust.simulation import Simulator
   spec = LocalTrainSpec(epochs=wl.epochs, batch_size=wl.batch_size, drop_last=wl.drop_last, shuffle=wl.shuffle,
                         unroll=unroll)
-  alg = make_fedavg(apply_fn, optax.sgd(wl.lr), spec)
+  if algorithm == "fedcap":  # the paper's defaults (specs/fedcap.md §1.2)
+    alg = make_fedcap(apply_fn, optax.sgd(wl.lr), spec, data.num_clients, pair_forward=pair_forward)
+  else:
+    alg = make_fedavg(apply_fn, optax.sgd(wl.lr), spec)
   strategy = make_strategy(strategy_name, num_devices if strategy_name == "shard_map" else None)
   return alg, Simulator(alg, data, apply_fn, strategy)
 
 
-def bench_engine(wl, data, apply_fn, params, strategy_name, num_devices, unroll, rounds, seed, min_time, max_time):
+def bench_engine(wl, data, apply_fn, params, strategy_name, num_devices, unroll, rounds, seed, min_time, max_time,
+                 algorithm="fedavg", pair_forward="separate"):
   from fedjax_robust.execution import is_traceable
-  alg, sim = build_engine(wl, data, apply_fn, strategy_name, num_devices, unroll)
+  alg, sim = build_engine(wl, data, apply_fn, strategy_name, num_devices, unroll, algorithm, pair_forward)
   state = sim.init(params, seed)
   compile_s = None
   if is_traceable(sim.strategy):
@@ -266,14 +283,19 @@ def bench_engine(wl, data, apply_fn, params, strategy_name, num_devices, unroll,
   return first, times, compile_s, params1
 
 
-def bench_reference(wl, data, apply_fn, params, rounds, seed, min_time, max_time):
+def bench_reference(wl, data, apply_fn, params, rounds, seed, min_time, max_time, algorithm="fedavg"):
   import jax
   import optax
   from fedjax_robust.client.local_sgd import LocalTrainSpec
-  from fedjax_robust.reference import ReferenceFedAvg
+  from fedjax_robust.reference import ReferenceFedAvg, ReferenceFedCAP
   spec = LocalTrainSpec(epochs=wl.epochs, batch_size=wl.batch_size, drop_last=wl.drop_last, shuffle=wl.shuffle)
-  ref = ReferenceFedAvg(apply_fn, optax.sgd(wl.lr), spec, data)
   key = jax.random.key(seed)
+  if algorithm == "fedcap":
+    ref_cap = ReferenceFedCAP(apply_fn, optax.sgd(wl.lr), spec, data)
+    first, times, after_first = _time_rounds(lambda st: ref_cap.run_round(st, key), ref_cap.init(params), rounds,
+                                             min_time, max_time)
+    return first, times, None, np.asarray(after_first["global"], np.float32)
+  ref = ReferenceFedAvg(apply_fn, optax.sgd(wl.lr), spec, data)
   counter = {"r": 0}
 
   def step(p):
@@ -296,7 +318,7 @@ def trap_child(args) -> None:
   model = make_model(wl, args.conv_impl)
   params = init_params(model, jax.random.key(args.seed), data.feature_shape)
   apply_fn = lambda p, x: model.apply({"params": p}, x)
-  _, sim = build_engine(wl, data, apply_fn, "vmap", None, 1)
+  _, sim = build_engine(wl, data, apply_fn, "vmap", None, 1, args.algorithm, args.pair_forward)
   state = sim.init(params, args.seed)
   t = time.perf_counter()
   compiled = sim.lower_round(state).compile()
@@ -307,11 +329,12 @@ def trap_child(args) -> None:
     print(json.dumps({"round_s": time.perf_counter() - t}), flush=True)
 
 
-def run_trap(wl: Workload, cap_s: float, seed: int, conv_impl: str = "xla") -> dict:
+def run_trap(wl: Workload, cap_s: float, seed: int, conv_impl: str = "xla", algorithm: str = "fedavg",
+             pair_forward: str = "separate") -> dict:
   """Runs :func:`trap_child` in a subprocess; stops it when a round passes ``cap_s`` seconds."""
   env = dict(os.environ)
   cmd = [sys.executable, os.path.abspath(__file__), "--trap-child", wl.name, "--seed", str(seed),
-         "--conv_impl", conv_impl]
+         "--conv_impl", conv_impl, "--algorithm", algorithm, "--pair_forward", pair_forward]
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
   lines: queue.Queue = queue.Queue()
   threading.Thread(target=lambda: [lines.put(l) for l in proc.stdout] + [lines.put(None)], daemon=True).start()
@@ -357,8 +380,9 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
   info = {"workload": wl.name, "model": wl.model, "params": count_params(params), "clients": data.num_clients,
           "n_train": [int(n) for n in data.n_train], "epochs": wl.epochs, "batch_size": wl.batch_size,
           "drop_last": wl.drop_last, "shuffle": wl.shuffle, "samples_per_round": samples, "unroll": unroll,
-          "conv_impl": conv_impl, "data": data.info.get("source")}
-  print(f"\n### {wl.name}: {info['params']:,} params, {data.num_clients} clients, n_train="
+          "conv_impl": conv_impl, "data": data.info.get("source"), "algorithm": args.algorithm,
+          "pair_forward": args.pair_forward if args.algorithm == "fedcap" else None}
+  print(f"\n### {wl.name} ({args.algorithm}): {info['params']:,} params, {data.num_clients} clients, n_train="
         f"{min(info['n_train'])}..{max(info['n_train'])}, E={wl.epochs}, B={wl.batch_size}, "
         f"drop_last={wl.drop_last}, {samples} samples/round, engine unroll={unroll}"
         + (f", conv_impl={conv_impl}" if conv_impl else ""), flush=True)
@@ -385,10 +409,11 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
     t0, cpu0, load0 = time.perf_counter(), _cpu_seconds(), os.getloadavg()[0]
     if name == "reference":
       first, times, compile_s, p1 = bench_reference(wl, data, apply_fn, params, args.rounds, args.seed,
-                                                    args.min_time, args.max_time)
+                                                    args.min_time, args.max_time, args.algorithm)
     else:
       first, times, compile_s, p1 = bench_engine(wl, data, apply_fn, params, name, ndev, unroll, args.rounds,
-                                                 args.seed, args.min_time, args.max_time)
+                                                 args.seed, args.min_time, args.max_time, args.algorithm,
+                                                 args.pair_forward)
     wall = time.perf_counter() - t0
     cpu_cores = (_cpu_seconds() - cpu0) / wall  # cores this process kept busy (2 = both, on this machine)
     steady = statistics.median(times)
@@ -412,7 +437,7 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
   if wl.conv and backend == "cpu" and "vmap" in args.strategies and (wl.epochs == 1 or args.include_slow):
     print(f"  vmap with plain lax.scan (unroll=1), capped at {args.slow_cap:.0f} s per round ...", flush=True)
     t0 = time.perf_counter()
-    trap = run_trap(wl, args.slow_cap, args.seed, args.conv_impl)
+    trap = run_trap(wl, args.slow_cap, args.seed, args.conv_impl, args.algorithm, args.pair_forward)
     trap["wall_s"] = time.perf_counter() - t0
     print(f"  vmap (scan, unroll=1)  compile {trap['compile_s']}  rounds {trap['round_s']}  "
           f"capped={trap['capped']}", flush=True)
@@ -434,7 +459,9 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
 
 def markdown(result: dict, cap_s: float) -> str:
   info = result["info"]
-  out = [f"**{info['workload']}** — {info['model']} ({info['params']:,} params), {info['clients']} clients, "
+  algorithm = info.get("algorithm", "fedavg")
+  pair = f", pair_forward={info['pair_forward']}" if info.get("pair_forward") else ""
+  out = [f"**{info['workload']}** ({algorithm}{pair}) — {info['model']} ({info['params']:,} params), {info['clients']} clients, "
          f"E={info['epochs']}, B={info['batch_size']}, {info['samples_per_round']:,} samples/round, "
          f"engine unroll={info['unroll']}" + (f", conv_impl={info['conv_impl']}" if info.get("conv_impl") else ""),
          "",
@@ -444,7 +471,8 @@ def markdown(result: dict, cap_s: float) -> str:
   for r in result["rows"]:
     dev = f" (dev {r['device_peak_mib']:.0f})" if r["device_peak_mib"] is not None else ""
     sp = f"{r['speedup_vs_reference']:.2f}x" if r["speedup_vs_reference"] is not None else "–"
-    name = "plain sequential (ReferenceFedAvg)" if r["strategy"] == "reference" else r["strategy"]
+    reference = "ReferenceFedCAP" if algorithm == "fedcap" else "ReferenceFedAvg"
+    name = f"plain sequential ({reference})" if r["strategy"] == "reference" else r["strategy"]
     out.append(f"| {name} | {r['compile_s']:.2f} | {r['first_round_s']:.2f} | {r['round_s_median']:.3f} ({len(r['round_s'])}) | "
                f"{r['rounds_per_s']:.3f} | {r['samples_per_s']:,.0f} | {r['peak_rss_mib']:,.0f} "
                f"({r['rss_before_mib']:,.0f}){dev} | {sp} | {r['process_cpu_cores']:.2f} |")
@@ -490,6 +518,10 @@ def parse_args(argv=None):
                  help="how the conv nets compute each convolution (model field conv_impl): xla = "
                       "lax.conv_general_dilated (grouped conv under vmap), patches = conv_general_dilated_patches "
                       "+ matmul; same params. Ignored by the MLP workload")
+  p.add_argument("--algorithm", default="fedavg", choices=ALGORITHMS,
+                 help="fedavg, or fedcap (two models per client step; baseline ReferenceFedCAP)")
+  p.add_argument("--pair_forward", "--pair-forward", dest="pair_forward", default="separate",
+                 choices=("separate", "stacked"), help="fedcap: engine.pair_forward (how the two models run)")
   p.add_argument("--include-slow", action="store_true", help="also time vmap with a plain scan for E=5")
   p.add_argument("--slow-cap", type=float, default=120.0, help="stop the plain-scan vmap round after this long")
   p.add_argument("--seed", type=int, default=0)
