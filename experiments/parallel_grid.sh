@@ -10,6 +10,8 @@
 #   bash experiments/parallel_grid.sh ditto_agr    ../shared/data runs/fedcap_ditto_agr    [extra flags...]  # Fig. 8
 #
 # Extra flags go to every process (e.g. --rounds 20). Logs: <out_dir>/log_<shard>.txt.
+# SHARDS="v1 v2" runs only those shards (to split a grid over several time-limited calls); the table is merged
+# from every results.<shard>.json in <out_dir> each time, so the last call's table.md has them all.
 set -euo pipefail
 grid=${1:?fedcap|baselines|ablation|personalized|ditto_agr}; data_dir=${2:?data dir}; out_dir=${3:?out dir}; shift 3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +30,12 @@ case "$grid" in
           shards="ditto ditto_clustered ditto_median ditto_trim fedcap" ;;
   *) echo "unknown grid '$grid' (fedcap | baselines | ablation | personalized | ditto_agr)" >&2; exit 2 ;;
 esac
+if [[ -n "${SHARDS:-}" ]]; then
+  for s in $SHARDS; do
+    [[ " $shards " == *" $s "* ]] || { echo "shard '$s' is not one of: $shards" >&2; exit 2; }
+  done
+  shards=$SHARDS
+fi
 mkdir -p "$out_dir"
 pids=()
 for s in $shards; do
