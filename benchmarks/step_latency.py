@@ -242,27 +242,41 @@ def _stacked_step(forward, s: Setting):
 
 
 # ----------------------------------------------------------------------------------------------- builders
-def build_engine(s: Setting, steps: int, unroll):
-  """(a) ``jax.vmap(local_train)`` exactly as the FedAvg client update calls it (unshuffled, drop_last)."""
+def _vmapped_local_train(label: str, loss_for: Callable, start: Callable = lambda p: p):
+  """Builder of ``jax.vmap(local_train)`` as the engine calls it (unshuffled, drop_last, plain SGD).
+
+  ``loss_for(apply_fn, p)``: the loss of the client whose params are ``p``; ``start(p)``: what it trains.
+  """
+  def builder(s: Setting, steps: int, unroll):
+    from fedjax_robust.client.local_sgd import ClientData, LocalTrainSpec, local_train
+    model = make_model(s)
+    apply_fn = lambda p, x: model.apply({"params": p}, x)
+    opt = optax.sgd(s.lr)
+    if steps % s.per_epoch:
+      raise ValueError(f"{label} needs steps ({steps}) to be a multiple of per_epoch ({s.per_epoch})")
+    spec = LocalTrainSpec(epochs=steps // s.per_epoch, batch_size=s.batch, drop_last=True, shuffle=False,
+                          unroll=unroll)
+
+    def one(p, x, y, n):
+      trained = start(p)
+      out, _, _ = local_train(loss_for(apply_fn, p, s), opt, trained, opt.init(trained), ClientData(x, y, n),
+                              jax.random.key(0), spec)
+      return out
+
+    def fn(params, x, y):
+      n = jnp.full((x.shape[0],), x.shape[1], jnp.int32)
+      return jax.vmap(one)(params, x, y, n)
+    return fn
+  return builder
+
+
+def _fedavg_loss(apply_fn, p, s: Setting):
   from fedjax_robust.algorithms.fedavg import classification_loss
-  from fedjax_robust.client.local_sgd import ClientData, LocalTrainSpec, local_train
-  model = make_model(s)
-  apply_fn = lambda p, x: model.apply({"params": p}, x)
-  opt = optax.sgd(s.lr)
-  if steps % s.per_epoch:
-    raise ValueError(f"engine needs steps ({steps}) to be a multiple of per_epoch ({s.per_epoch})")
-  spec = LocalTrainSpec(epochs=steps // s.per_epoch, batch_size=s.batch, drop_last=True, shuffle=False,
-                        unroll=unroll)
-  loss_fn = classification_loss(apply_fn)
+  return classification_loss(apply_fn)
 
-  def one(p, x, y, n):
-    out, _, _ = local_train(loss_fn, opt, p, opt.init(p), ClientData(x, y, n), jax.random.key(0), spec)
-    return out
 
-  def fn(params, x, y):
-    n = jnp.full((x.shape[0],), x.shape[1], jnp.int32)
-    return jax.vmap(one)(params, x, y, n)
-  return fn
+# (a) ``jax.vmap(local_train)`` exactly as the FedAvg client update calls it.
+build_engine = _vmapped_local_train("engine", _fedavg_loss)
 
 
 def is_pair(name_or_label: str) -> bool:
@@ -275,29 +289,11 @@ def pair_start(p):
 
 
 def _build_pair(pair_forward: str):
-  """FedCAP's / Ditto's client step on ``{w, v}`` from the same start, anchored at the start (spec §1.5)."""
-  def builder(s: Setting, steps: int, unroll):
+  """FedCAP's / Ditto's client step on ``{w, v}``, the prox term anchored at the client's params (spec §1.5)."""
+  def loss_for(apply_fn, p, s: Setting):
     from fedjax_robust.algorithms.ditto import ditto_pair_loss
-    from fedjax_robust.client.local_sgd import ClientData, LocalTrainSpec, local_train
-    model = make_model(s)
-    apply_fn = lambda p, x: model.apply({"params": p}, x)
-    opt = optax.sgd(s.lr)
-    if steps % s.per_epoch:
-      raise ValueError(f"{pair_forward} pair needs steps ({steps}) to be a multiple of per_epoch ({s.per_epoch})")
-    spec = LocalTrainSpec(epochs=steps // s.per_epoch, batch_size=s.batch, drop_last=True, shuffle=False,
-                          unroll=unroll)
-
-    def one(p, x, y, n):
-      pair = pair_start(p)
-      out, _, _ = local_train(ditto_pair_loss(apply_fn, p, s.lamda, pair_forward), opt, pair, opt.init(pair),
-                              ClientData(x, y, n), jax.random.key(0), spec)
-      return out
-
-    def fn(params, x, y):
-      n = jnp.full((x.shape[0],), x.shape[1], jnp.int32)
-      return jax.vmap(one)(params, x, y, n)
-    return fn
-  return builder
+    return ditto_pair_loss(apply_fn, p, s.lamda, pair_forward)
+  return _vmapped_local_train(f"{pair_forward} pair", loss_for, pair_start)
 
 
 def build_vmap(s: Setting, steps: int, unroll):

@@ -23,6 +23,20 @@ from fedjax_robust.simulation import round_keys, sample_cohort
 PyTree = Any
 
 
+def _squared_distance(a: PyTree, b: PyTree) -> jax.Array:
+  return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def client_batches(x: np.ndarray, y: np.ndarray, n: int, spec: LocalTrainSpec, key: jax.Array):
+  """One client's mini-batches ``(x_b, y_b)`` over its ``spec.epochs`` epochs, in the engine's order for ``key``
+  (a short last batch unless ``drop_last``); ``x``, ``y`` are its padded rows."""
+  order = np.asarray(epoch_permutations(key, n, x.shape[0], spec.epochs, spec.shuffle))
+  for epoch in range(spec.epochs):
+    for b in range(steps_per_epoch(n, spec.batch_size, spec.drop_last)):
+      idx = order[epoch, b * spec.batch_size: min((b + 1) * spec.batch_size, n)]
+      yield x[idx], y[idx]
+
+
 class ReferenceFedAvg:
   """Sequential FedAvg / FedProx with plain server averaging (``w ← w + Σ n_k Δ_k / Σ n_k``)."""
 
@@ -36,8 +50,7 @@ class ReferenceFedAvg:
     def loss_fn(params, anchor, x, y):
       loss = masked_cross_entropy(apply_fn(params, x), y, jnp.ones(y.shape[0]))
       if mu:
-        loss += 0.5 * mu * sum(jnp.sum(jnp.square(a - b)) for a, b in
-                               zip(jax.tree.leaves(params), jax.tree.leaves(anchor)))
+        loss += 0.5 * mu * _squared_distance(params, anchor)
       return loss
 
     @jax.jit
@@ -50,13 +63,9 @@ class ReferenceFedAvg:
 
   def local_update(self, params: PyTree, client: int, key: jax.Array) -> PyTree:
     """One client's local epochs, batch by batch; returns its trained params."""
-    n, spec = int(self.n[client]), self.spec
-    order = np.asarray(epoch_permutations(key, n, self.x.shape[1], spec.epochs, spec.shuffle))
     anchor, local, opt_state = params, params, self.client_opt.init(params)
-    for epoch in range(spec.epochs):
-      for b in range(steps_per_epoch(n, spec.batch_size, spec.drop_last)):
-        idx = order[epoch, b * spec.batch_size: min((b + 1) * spec.batch_size, n)]
-        local, opt_state, _ = self._step(local, opt_state, anchor, self.x[client, idx], self.y[client, idx])
+    for x, y in client_batches(self.x[client], self.y[client], int(self.n[client]), self.spec, key):
+      local, opt_state, _ = self._step(local, opt_state, anchor, x, y)
     return local
 
   def run_round(self, params: PyTree, run_key: jax.Array, round_index: int) -> PyTree:
@@ -95,8 +104,7 @@ class ReferenceFedCAP:
       return masked_cross_entropy(apply_fn(params, x), y, jnp.ones(y.shape[0]))
 
     def personal_loss(v, anchor, x, y):  # Eq. 7: F_k(v) + λ/2 ||v - ŵ_k||², ŵ_k frozen
-      prox = sum(jnp.sum(jnp.square(a - b)) for a, b in zip(jax.tree.leaves(v), jax.tree.leaves(anchor)))
-      return ce(v, x, y) + 0.5 * lamda * prox
+      return ce(v, x, y) + 0.5 * lamda * _squared_distance(v, anchor)
 
     def make_step(loss_fn):
       @jax.jit
@@ -131,18 +139,13 @@ class ReferenceFedCAP:
 
   def local_update(self, state: dict, k: int, customized: np.ndarray, key: jax.Array):
     """Client k's E epochs: per batch one prox step on v_k toward ŵ_k, then one plain step on w; returns (v, w)."""
-    unravel, spec, n = state["unravel"], self.spec, int(self.n[k])
-    anchor = unravel(jnp.asarray(customized, jnp.float32))
+    anchor = state["unravel"](jnp.asarray(customized, jnp.float32))
     v, w = state["v"][k], anchor
     v_opt, w_opt = self.client_opt.init(v), self.client_opt.init(w)
     _, train_key = jax.random.split(key)  # the algorithm's request key / train key split
-    order = np.asarray(epoch_permutations(train_key, n, self.x.shape[1], spec.epochs, spec.shuffle))
-    for epoch in range(spec.epochs):
-      for b in range(steps_per_epoch(n, spec.batch_size, spec.drop_last)):
-        idx = order[epoch, b * spec.batch_size: min((b + 1) * spec.batch_size, n)]
-        x, y = self.x[k, idx], self.y[k, idx]
-        v, v_opt = self._personal_step(v, v_opt, anchor, x, y)
-        w, w_opt = self._plain_step(w, w_opt, x, y)
+    for x, y in client_batches(self.x[k], self.y[k], int(self.n[k]), self.spec, train_key):
+      v, v_opt = self._personal_step(v, v_opt, anchor, x, y)
+      w, w_opt = self._plain_step(w, w_opt, x, y)
     return v, w
 
   def run_round(self, state: dict, run_key: jax.Array) -> dict:
