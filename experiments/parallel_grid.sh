@@ -45,5 +45,5 @@ for s in $shards; do
 done
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-python "$script" ${mode[@]+"${mode[@]}"} --out_dir "$out_dir" --table_only
+python "$script" ${mode[@]+"${mode[@]}"} --out_dir "$out_dir" --table_only "$@"
 exit $status

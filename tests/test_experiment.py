@@ -120,7 +120,8 @@ def load_config(name, *args):
 
 
 REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_mnist",
-                     "cifar10_fedcap_setting": "cifar10_jpeg", "fedcap_cifar10": "cifar10_jpeg"}
+                     "cifar10_fedcap_setting": "cifar10_jpeg", "fedcap_cifar10": "cifar10_jpeg",
+                     "fedcap_femnist": "femnist_leaf_partial"}
 
 
 # Configs whose data is not available offline here: they must load and fail fast with a clear error.
@@ -206,6 +207,15 @@ def test_real_data_configs_build_on_the_shared_copies(name, shared_data, data_ca
     assert load_config(name, "scaling").algorithm.fedcap.lamda == 10.0  # spec 1.2: lambda = 10 for CIFAR-10 MR
     with pytest.raises(ValueError, match="scenario"):
       load_config(name, "nonsense")
+  if name == "fedcap_femnist":  # the EMNIST setting (spec 4.1) with only the data swapped for LEAF FEMNIST
+    emnist = load_config("fedcap_emnist", "lie")
+    lie = load_config(name, "lie")
+    for key in ("algorithm", "attack", "server", "client", "model"):
+      assert lie[key].to_dict() == emnist[key].to_dict(), key
+    assert (lie.data.partition.name, lie.data.num_clients, lie.data.pool) == ("group", 100, "all")
+    assert exp.data.n_train.sum() + exp.data.n_test.sum() == 18_796  # every sample of the partial copy
+    digits = exp.data.label_histograms("train")[:, :10].sum(1) / exp.data.n_train
+    assert 0.25 < np.mean(digits > 0.5) < 0.45  # about a third of the clients are digit clients (80% dominant)
 
 
 def test_mnist_config_runs_a_round(shared_data, data_cache_dir, tmp_path):
@@ -229,6 +239,17 @@ def test_grid_scripts_merge_sharded_results(tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   table = (tmp_path / "table.md").read_text()
   assert "| IPM | 80.00 / 84.29 |" in table and "| LIE | 81.50 / 84.95 |" in table
+  # The FEMNIST stand-in is set against the paper's EMNIST row, detection included (spec 5.2).
+  out = subprocess.run([sys.executable, str(REPO / "experiments" / "fedcap_tables.py"), "--out_dir", str(tmp_path),
+                        "--table_only", "--dataset", "femnist"], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  table = (tmp_path / "table.md").read_text()
+  assert "the emnist row" in table and "| IPM | 80.00 / 85.43 |" in table and "| 0 / 0 | 0 / 6.67 |" in table
+  assert "| LIE | 81.50 / 85.16 |" in table
+  out = subprocess.run([sys.executable, str(REPO / "experiments" / "fedcap_tables.py"), "--out_dir", str(tmp_path),
+                        "--table_only", "--mode", "ablation", "--dataset", "wisdm"], capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode != 0 and "--mode tables only" in out.stderr
 
 
 def load_fedcap_tables():
@@ -237,6 +258,19 @@ def load_fedcap_tables():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def test_fedcap_tables_rows_load_each_datasets_config():
+  """--mode tables --dataset: each row runs its own config with that row's hyperparameters (spec 1.2)."""
+  t = load_fedcap_tables()
+  hyper = lambda c: (c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda)
+  rows = {d: t.fedcap_config(d, "lie") for d in t.DATASETS}
+  assert {d: c.data.name for d, c in rows.items()} == {"cifar10": "cifar10", "emnist": "emnist", "wisdm": "wisdm",
+                                                        "femnist": "femnist"}
+  assert {d: hyper(c) for d, c in rows.items()} == {"cifar10": (10.0, 0.2, 0.1), "emnist": (10.0, 0.1, 0.5),
+                                                     "wisdm": (1.0, 0.2, 0.1), "femnist": (10.0, 0.1, 0.5)}
+  assert set(t.PAPER_TACC) == set(t.PAPER_DETECTION) == set(t.DATASETS.values())
+  assert t.PAPER_DETECTION["emnist"]["SF"] == (94, 0, 20)  # the paper's DAcc 80 is a typo (spec §6 item 10)
 
 
 def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
