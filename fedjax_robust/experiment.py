@@ -371,7 +371,12 @@ def partition_record(data) -> dict:
 
 
 def round_record(round_index: int, metrics: dict) -> dict:
-  """Host-side record of a round: every scalar metric, plus the ids of the clients the aggregator flagged."""
+  """Host-side record of a round: every scalar metric, plus the ids of the clients the aggregator flagged.
+
+  A detector that thresholds a per-client norm (FedCAP's ``calibrated_norms``, compared with the absolute T_norm)
+  also gets the round's ``cohort`` and those norms in cohort order: T_norm = 10 assumes the paper's models, data
+  sizes and optimizer, so spec §6 item 13 asks for the norms to be logged to recalibrate it elsewhere.
+  """
   record: dict[str, Any] = {"round": round_index}
   for key, value in metrics.items():
     value = np.asarray(value)
@@ -379,6 +384,9 @@ def round_record(round_index: int, metrics: dict) -> dict:
       record[key] = value.item()
   if "flagged" in metrics:
     record["flagged_clients"] = np.asarray(metrics["cohort"])[np.asarray(metrics["flagged"])].tolist()
+  if "calibrated_norms" in metrics:
+    record["cohort"] = np.asarray(metrics["cohort"]).tolist()
+    record["calibrated_norms"] = np.asarray(metrics["calibrated_norms"], np.float64).tolist()
   return record
 
 

@@ -401,6 +401,10 @@ def test_fedcap_tables_mode_records_detection(tmp_path, shared_data, data_cache_
   assert cell["value"] == max(cell["customized"], cell["personalized"]) == max(cell["models"].values())
   metrics = [json.loads(line) for line in (tmp_path / "scaling" / "metrics.jsonl").read_text().splitlines()]
   assert [row["flagged_clients"] for row in metrics] == [[1, 8, 10, 17, 18, 19]] * 2  # removed for good
+  # Every participant's calibrated norm is logged (spec §6 item 13): in round 1 exactly the attackers exceed T_norm.
+  first = metrics[0]
+  assert first["cohort"] == list(range(20)) and len(first["calibrated_norms"]) == 20
+  assert [k for k, n in zip(first["cohort"], first["calibrated_norms"]) if not n <= 0.1] == [1, 8, 10, 17, 18, 19]
   assert cell["removed_round"] == {"1": 1, "8": 1, "10": 1, "17": 1, "18": 1, "19": 1}
   assert (cell["dacc"], cell["fpr"], cell["fnr"]) == (100.0, 0.0, 0.0)
   assert f"| MR | {cell['value']:.2f} / 84.1 |" in table and "| 100 / 100 | 0 / 0 | 0 / 0 |" in table
