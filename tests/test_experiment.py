@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedjax_robust.config_files import load_module
 from fedjax_robust.experiment import build_experiment, default_config, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,11 +113,7 @@ def test_run_py_cli_with_overrides(tmp_path):
 
 
 def load_config(name, *args):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(name, REPO / "experiments" / "configs" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(*args)
+  return load_module(REPO / "experiments" / "configs" / f"{name}.py").get_config(*args)
 
 
 REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_mnist",
@@ -253,11 +250,7 @@ def test_grid_scripts_merge_sharded_results(tmp_path):
 
 
 def load_fedcap_tables():
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("fedcap_tables", REPO / "experiments" / "fedcap_tables.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(REPO / "experiments" / "fedcap_tables.py")
 
 
 def test_fedcap_tables_rows_load_each_datasets_config():

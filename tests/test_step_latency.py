@@ -4,21 +4,19 @@ Tiny case (2 clients, batch 2, 2 steps), all formulations in one jitted program 
 ``highest`` matmul/conv precision so only float32 rounding separates them.
 """
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from fedjax_robust.config_files import load_module
 
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "step_latency.py"
 
 
 @pytest.fixture(scope="module")
 def sl():
-  spec = importlib.util.spec_from_file_location("step_latency", _PATH)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_module(_PATH)
 
 
 def test_formulations_agree_with_engine(sl):

@@ -9,17 +9,8 @@ all participate, 225/75 samples, FedAvgCNN fc 64, SGD lr 0.01, B = 10, E = 5, un
 T_norm = 10, 100 rounds, attackers = ids {1, 8, 10, 17, 18, 19}).
 """
 
-import importlib.util
-from pathlib import Path
+from fedjax_robust.config_files import sibling
 
-
-def _setting():
-  """The sibling ``cifar10_fedcap_setting.py``, loaded by path (config files are not imported as a package)."""
-  path = Path(__file__).with_name("cifar10_fedcap_setting.py")
-  spec = importlib.util.spec_from_file_location("cifar10_fedcap_setting", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 # scenario -> (alpha, phi, lambda), CIFAR-10 row of the spec's §1.2 table.
 HYPERPARAMETERS = {
@@ -37,7 +28,7 @@ HYPERPARAMETERS = {
 def get_config(scenario: str = "none"):
   if scenario not in HYPERPARAMETERS:
     raise ValueError(f"unknown FedCAP scenario {scenario!r}; choose one of {sorted(HYPERPARAMETERS)}")
-  c = _setting().get_config()
+  c = sibling(__file__, "cifar10_fedcap_setting").get_config()
   c.algorithm.name = "fedcap"
   c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda = HYPERPARAMETERS[scenario]
   c.attack.fraction = 0.3

@@ -14,10 +14,10 @@ B = 10, E = 5, unshuffled drop_last loaders, T_norm = 10, 100 rounds, 30% attack
 participation clients outside the pool send request updates (spec §1.6).
 """
 
-import importlib.util
-from pathlib import Path
 
 import ml_collections
+
+from fedjax_robust.config_files import sibling
 
 # scenario -> (alpha, phi, lambda), EMNIST row of the spec's §1.2 table.
 HYPERPARAMETERS = {
@@ -32,19 +32,10 @@ HYPERPARAMETERS = {
 }
 
 
-def _cifar_scenarios():
-  """The CIFAR-10 FedCAP config, loaded by path: its scenario wiring (attacks, attacker ids) is reused."""
-  path = Path(__file__).with_name("fedcap_cifar10.py")
-  spec = importlib.util.spec_from_file_location("fedcap_cifar10", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def get_config(scenario: str = "none"):
   if scenario not in HYPERPARAMETERS:
     raise ValueError(f"unknown FedCAP scenario {scenario!r}; choose one of {sorted(HYPERPARAMETERS)}")
-  c = _cifar_scenarios().get_config(scenario)
+  c = sibling(__file__, "fedcap_cifar10").get_config(scenario)
   c.data.name = "emnist"
   c.data.num_clients = 100
   c.data.pool = "all"

@@ -14,24 +14,14 @@ them to [-1, 1] either way). It exercises what the CIFAR-10 rows cannot: partial
 clients new to the pool, poisoned requests, and detection of attackers that are sampled only now and then.
 """
 
-import importlib.util
-from pathlib import Path
+from fedjax_robust.config_files import sibling
 
 
-def _emnist_setting():
-  """``fedcap_emnist.py``, loaded by path (configs are loaded as files, not as a package)."""
-  path = Path(__file__).with_name("fedcap_emnist.py")
-  spec = importlib.util.spec_from_file_location("fedcap_emnist", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-HYPERPARAMETERS = _emnist_setting().HYPERPARAMETERS
+HYPERPARAMETERS = sibling(__file__, "fedcap_emnist").HYPERPARAMETERS
 
 
 def get_config(scenario: str = "none"):
-  c = _emnist_setting().get_config(scenario)
+  c = sibling(__file__, "fedcap_emnist").get_config(scenario)
   c.data.name = "femnist"
   c.data.pool_size = None  # the whole offline sample (18,796), far below the 119,000 EMNIST subset
   c.output.name = f"femnist_fedcap_{scenario}"
