@@ -81,7 +81,7 @@ class ReferenceFedAvg:
 
 
 class ReferenceFedCAP:
-  """Sequential FedCAP (full participation), written the way the official PyTorch artifact is: a loop over
+  """Sequential FedCAP, written the way the official PyTorch artifact is: a loop over
   clients, a loop over mini-batches with two jitted steps per batch (the prox step on ``v_k``, then the plain
   step on the local copy of ``ŵ_k``), and the server's pools as per-client dictionaries (``specs/fedcap.md`` §1).
 
@@ -89,16 +89,23 @@ class ReferenceFedCAP:
   it is the independent check of the vectorized algorithm (``tests/test_fedcap.py``) and the sequential baseline
   of ``benchmarks/rounds_per_second.py --algorithm fedcap``. ``upload_transform`` is the simulator's attack hook
   ``(uploads, cohort, key, context) -> uploads`` on ``{"delta": stacked uploads}``.
+
+  ``cohort_size`` < K gives partial participation (the engine's cohort draw), and ``request_updates`` lets a
+  participant outside the pool customize from a request update trained from the pool's calibration reference
+  w^{t-1} (spec §1.4, §1.6; honest requests only).
   """
 
   def __init__(self, apply_fn: Callable, client_opt: optax.GradientTransformation, spec: LocalTrainSpec, data,
                alpha: float = 10.0, phi: float = 0.3, lamda: float = 0.1, norm_threshold: float = 10.0,
-               upload_transform: Callable | None = None):
+               upload_transform: Callable | None = None, cohort_size: int | None = None,
+               request_updates: bool = False):
     self.client_opt, self.spec = client_opt, spec
+    self.request_updates = request_updates
     self.alpha, self.phi, self.norm_threshold = float(alpha), float(phi), float(norm_threshold)
     self.upload_transform = upload_transform
     self.x, self.y, self.n = np.asarray(data.x_train), np.asarray(data.y_train), np.asarray(data.n_train)
     self.num_clients = len(self.n)
+    self.cohort_size = cohort_size or self.num_clients
 
     def ce(params, x, y):
       return masked_cross_entropy(apply_fn(params, x), y, jnp.ones(y.shape[0]))
@@ -119,23 +126,38 @@ class ReferenceFedCAP:
 
   def init(self, params: PyTree) -> dict:
     flat, unravel = ravel_pytree(params)
-    return {"global": np.asarray(flat, np.float64), "unravel": unravel, "pool_models": {}, "pool_updates": {},
+    flat = np.asarray(flat, np.float64)
+    # "reference": the model the pool's calibrated updates are relative to (w^{t-1}); w^0 before round 1
+    return {"global": flat, "reference": flat, "unravel": unravel, "pool_models": {}, "pool_updates": {},
             "removed_round": {}, "v": [params] * self.num_clients, "round": 0}
 
-  def customized(self, state: dict, k: int) -> np.ndarray:
-    """ŵ_k (Eqs. 3-5): φ on its own recovered model, 1 - φ on the softmax of α·cos over the other pool members."""
+  def customized(self, state: dict, k: int, request: np.ndarray | None = None) -> np.ndarray:
+    """ŵ_k (Eqs. 3-5): for a pool member, φ on its own recovered model and 1 - φ on the softmax of α·cos over the
+    other members; for a client outside the pool with a request update r_k, the softmax over the whole pool."""
     models, updates = state["pool_models"], state["pool_updates"]
-    if k not in models:
+    if k in models:
+      others, r, self_weight = [i for i in sorted(models) if i != k], updates[k], self.phi
+      if not others:
+        return models[k]
+    elif request is not None and models:
+      others, r, self_weight = sorted(models), request, 0.0
+    else:
       return state["global"]
-    others = [i for i in sorted(models) if i != k]
-    if not others:
-      return models[k]
-    r = updates[k]
     cos = np.array([r @ updates[i] / (np.linalg.norm(r) * np.linalg.norm(updates[i])) for i in others])
     logits = self.alpha * np.where(np.isfinite(cos), cos, -1.0)
     p = np.exp(logits - logits.max())
     p /= p.sum()
-    return self.phi * models[k] + (1.0 - self.phi) * sum(pi * models[i] for pi, i in zip(p, others))
+    own = self_weight * models[k] if self_weight else 0.0
+    return own + (1.0 - self_weight) * sum(pi * models[i] for pi, i in zip(p, others))
+
+  def request_update(self, state: dict, k: int, key: jax.Array) -> np.ndarray:
+    """r_k = SGD_E(w^{t-1}) - w^{t-1}: E epochs of plain SGD from the pool's calibration reference (spec §1.4)."""
+    reference = state["unravel"](jnp.asarray(state["reference"], jnp.float32))
+    w, opt = reference, self.client_opt.init(reference)
+    request_key, _ = jax.random.split(key)  # the algorithm's request key / train key split
+    for x, y in client_batches(self.x[k], self.y[k], int(self.n[k]), self.spec, request_key):
+      w, opt = self._plain_step(w, opt, x, y)
+    return np.asarray(ravel_pytree(w)[0], np.float64) - np.asarray(ravel_pytree(reference)[0], np.float64)
 
   def local_update(self, state: dict, k: int, customized: np.ndarray, key: jax.Array):
     """Client k's E epochs: per batch one prox step on v_k toward ŵ_k, then one plain step on w; returns (v, w)."""
@@ -149,25 +171,26 @@ class ReferenceFedCAP:
     return v, w
 
   def run_round(self, state: dict, run_key: jax.Array) -> dict:
-    _, client_key, aux_key, _ = round_keys(run_key, state["round"])
-    clients = range(self.num_clients)
-    sent, deltas, vs = {}, [], []
+    cohort_key, client_key, aux_key, _ = round_keys(run_key, state["round"])
+    clients = [int(c) for c in np.asarray(sample_cohort(cohort_key, self.num_clients, self.cohort_size))]
+    sent, deltas, vs = {}, [], list(state["v"])
     for k in clients:
-      sent[k] = self.customized(state, k)
-      v, w = self.local_update(state, k, sent[k], jax.random.fold_in(client_key, k))
-      vs.append(v)
+      key = jax.random.fold_in(client_key, k)
+      outside = self.request_updates and k not in state["pool_models"]
+      sent[k] = self.customized(state, k, self.request_update(state, k, key) if outside else None)
+      vs[k], w = self.local_update(state, k, sent[k], key)
       deltas.append(np.asarray(ravel_pytree(w)[0], np.float64) - sent[k])  # d_k = w - ŵ_k
     if self.upload_transform is not None:
       unravel = state["unravel"]
       stacked = jax.vmap(unravel)(jnp.asarray(np.stack(deltas), jnp.float32))
       context = {"global_params": unravel(jnp.asarray(state["global"], jnp.float32)),
-                 "weights": jnp.asarray(self.n, jnp.float32), "round": state["round"]}
-      poisoned = self.upload_transform({"delta": stacked}, jnp.arange(self.num_clients), aux_key, context)["delta"]
+                 "weights": jnp.asarray(self.n[clients], jnp.float32), "round": state["round"]}
+      poisoned = self.upload_transform({"delta": stacked}, jnp.asarray(clients), aux_key, context)["delta"]
       deltas = list(np.asarray(jax.vmap(lambda d: ravel_pytree(d)[0])(poisoned), np.float64))
     removed_round = dict(state["removed_round"])
     pool_models, pool_updates = {}, {}
-    for k in clients:
-      recovered = sent[k] + deltas[k]  # w̃_k = ŵ_k + d_k, with the server's own record of ŵ_k
+    for k, delta in zip(clients, deltas):
+      recovered = sent[k] + delta  # w̃_k = ŵ_k + d_k, with the server's own record of ŵ_k
       calibrated = recovered - state["global"]  # d̃_k = w̃_k - w^t
       if not np.linalg.norm(calibrated) <= self.norm_threshold:  # strictly greater, or NaN: removed for good
         removed_round.setdefault(k, state["round"] + 1)
@@ -177,5 +200,6 @@ class ReferenceFedCAP:
     if pool_models:  # Eq. 6: sample-weighted mean of the pool's recovered models
       total = sum(float(self.n[k]) for k in pool_models)
       new_global = sum(float(self.n[k]) / total * m for k, m in pool_models.items())
-    return {**state, "global": new_global, "pool_models": pool_models, "pool_updates": pool_updates,
-            "removed_round": removed_round, "v": vs, "round": state["round"] + 1}
+    # the pool just stored is calibrated against this round's global model: the next round's request reference
+    return {**state, "global": new_global, "reference": state["global"], "pool_models": pool_models,
+            "pool_updates": pool_updates, "removed_round": removed_round, "v": vs, "round": state["round"] + 1}

@@ -213,9 +213,9 @@ def _round_then_request(**kw):
   c3 = ClientData(jnp.asarray(data.x_train[3]), jnp.asarray(data.y_train[3]), jnp.asarray(data.n_train[3]))
   params3 = alg.personal_params((shared, jax.tree.map(lambda a: a[3], own)), {"v": params}, c3, jax.random.key(5))
   loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
-  trained, _, _ = local_train(loss, optax.sgd(0.1), state.global_params, optax.sgd(0.1).init(params), c3,
-                              jax.random.key(5), SPEC)
-  return state, flat(params3["customized"]), flat(trained) - flat(state.global_params)
+  # w^{t-1} here is w^0 = params: the reference the pool {0, 1, 2} was calibrated against, not the new global w^1
+  trained, _, _ = local_train(loss, optax.sgd(0.1), params, optax.sgd(0.1).init(params), c3, jax.random.key(5), SPEC)
+  return state, flat(params3["customized"]), flat(trained) - flat(params)
 
 
 def _poisoned_request(attack_name, malicious):
@@ -225,6 +225,9 @@ def _poisoned_request(attack_name, malicious):
 def test_request_branch_for_clients_outside_the_pool_p19():
   state, customized, request = _round_then_request()
   assert np.asarray(state.pool_valid).tolist() == [True, True, True, False]
+  # requests share the pool's calibration reference w^{t-1} (spec §1.4, §6 item 3), not the newer global model w^t
+  np.testing.assert_allclose(flat(state.request_reference), flat(fedcap_parts()[1]), atol=0)
+  assert not np.allclose(flat(state.request_reference), flat(state.global_params), atol=1e-4)
   # client 3 was not in the pool: it trains E epochs of plain SGD from w^{t-1} for its request r_3
   w = weights_of(request[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
   assert w[3] == 0.0  # no self weight
@@ -413,3 +416,34 @@ def test_engine_fedcap_equals_the_plain_loop_reference(strategy):
                                                             ref_state["pool_models"][k], atol=2e-6)
   # the customized models differ from client to client (the similarity weights matter in this check)
   assert not np.allclose(ref.customized(ref_state, 0), ref.customized(ref_state, 1), atol=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["vmap", "sequential"])
+def test_engine_fedcap_under_partial_participation_equals_the_plain_loop_reference(strategy):
+  """Partial participation (3 of 4 clients per round) with request updates against the plain loop: a participant
+  that was absent last round trains its request from the pool's calibration reference w^{t-1} (spec §1.4, §1.6)
+  and is customized with no self weight; absent clients keep their personalized models."""
+  from fedjax_robust.reference import ReferenceFedCAP
+  from fedjax_robust.simulation import round_keys, sample_cohort
+
+  spec = LocalTrainSpec(epochs=2, batch_size=3, drop_last=False, shuffle=True)
+  data, params, apply_fn = setup(data=make_data(sizes=(7, 12, 6, 9)))
+  hyper = dict(alpha=5.0, phi=0.3, lamda=0.5, norm_threshold=10.0)
+  alg = make_fedcap(apply_fn, optax.sgd(0.1), spec, K, request_updates=True, **hyper)
+  sim = Simulator(alg, data, apply_fn, make_strategy(strategy), cohort_size=3)
+  state = sim.init(params, 3)
+  ref = ReferenceFedCAP(apply_fn, optax.sgd(0.1), spec, data, cohort_size=3, request_updates=True, **hyper)
+  ref_state = ref.init(params)
+  cohorts = [set(np.asarray(sample_cohort(round_keys(jax.random.key(3), t)[0], K, 3)).tolist()) for t in range(4)]
+  # the check needs rounds where a participant was absent the round before (a request against a non-empty pool)
+  assert any(cohorts[t] - cohorts[t - 1] for t in range(1, 4))
+  for _ in range(4):
+    state, _ = sim.run_round(state)
+    ref_state = ref.run_round(ref_state, jax.random.key(3))
+  server = state.server
+  np.testing.assert_allclose(flat(server.global_params), ref_state["global"], atol=2e-6)
+  np.testing.assert_allclose(flat(server.request_reference), ref_state["reference"], atol=2e-6)
+  assert sorted(np.flatnonzero(np.asarray(server.pool_valid))) == sorted(ref_state["pool_models"]) == sorted(cohorts[3])
+  for k in range(K):
+    np.testing.assert_allclose(flat(jax.tree.map(lambda a: a[k], state.clients["v"])), flat(ref_state["v"][k]),
+                               atol=2e-6)

@@ -6,8 +6,9 @@ Spec: ``specs/fedcap.md`` §1 (paper: ``papers/fedcap.txt``, Alg. 1, Eqs. 3-7). 
    ``ŵ_k = Σ_i p_{k,i} w̃_i`` over the valid pool ``V`` of the previous round, with
    ``p_{k,·} = (1-φ)·softmax(α·cos(r_k, d̃_i))`` over ``i ≠ k`` and ``p_{k,k} = φ``
    when ``k ∈ V`` (``r_k = d̃_k``, its own calibrated update); a client outside
-   the pool sends a request update ``r_k`` (E epochs of plain SGD from the global
-   model) and gets the softmax over the whole pool, no self term. An empty pool
+   the pool sends a request update ``r_k`` (E epochs of plain SGD from the previous
+   global model ``w^{t-1}``, the reference the pool's ``d̃`` were calibrated against)
+   and gets the softmax over the whole pool, no self term. An empty pool
    (round 0) gives everyone the global model ``w^0``.
 2. **Client update** (Eq. 7 and the artifact's alternating scheme, spec §1.5): on
    each mini-batch, one prox step on the personalized model ``v_k`` toward the
@@ -63,7 +64,9 @@ HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class FedCAPState(NamedTuple):
-  global_params: PyTree  # w^t: calibration reference and start point of request updates (Eq. 6)
+  global_params: PyTree  # w^t (Eq. 6): the pool's sample-weighted recovered models; calibrates the next uploads
+  request_reference: PyTree  # w^{t-1}: the model the pool's d̃ were calibrated against, so the start point and
+  # reference of request updates (spec §1.4, §6 item 3: r_k and d̃^{t-1} share one reference); w^0 before round 1
   pool_models: jax.Array  # [K, D] recovered models w̃_i of the valid pool (rows outside the pool are stale)
   pool_updates: jax.Array  # [K, D] calibrated updates d̃_i (raw uploads when calibrate=False)
   pool_valid: jax.Array  # [K] bool: V, the previous round's unflagged participants
@@ -171,7 +174,7 @@ def make_fedcap(
   def init_server(params):
     flat, _ = ravel_pytree(params)
     zeros = jnp.zeros((num_clients, flat.shape[0]), flat.dtype)
-    return FedCAPState(params, zeros, zeros, jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.float32),
+    return FedCAPState(params, params, zeros, zeros, jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.float32),
                        jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.int32), jnp.zeros((), jnp.int32))
 
   def init_client(params):
@@ -197,7 +200,8 @@ def make_fedcap(
     shared = {"global": state.global_params}
     own = {"customized": customized, "in_pool": in_pool}
     if request_updates:
-      shared.update(pool_updates=state.pool_updates, pool_models=state.pool_models, pool_valid=state.pool_valid)
+      shared.update(request_reference=state.request_reference, pool_updates=state.pool_updates,
+                    pool_models=state.pool_models, pool_valid=state.pool_valid)
     if poison_requests:
       own["malicious"] = malicious[ids]
       if not own_update_attack:
@@ -211,25 +215,27 @@ def make_fedcap(
     mask = jnp.concatenate([state.pool_valid, jnp.zeros((1,), bool)])  # the request row is not in the reference
     mal = jnp.concatenate([malicious, jnp.ones((1,), bool)])
     # The pool-statistics attacks are deterministic, so a fixed key is enough.
-    return craft(request_attack, flat, mal, jax.random.key(0), {"mask": mask, "global_params": state.global_params})[-1]
+    return craft(request_attack, flat, mal, jax.random.key(0),
+                 {"mask": mask, "global_params": state.request_reference})[-1]
 
   def poisoned_request(shared, own, request: jax.Array, key) -> jax.Array:
     """``r_k`` as a malicious client sends it (spec §2.3); benign clients' requests pass unchanged."""
     if own_update_attack:
       crafted = craft(request_attack, request[None], jnp.ones((1,), bool), key,
-                      {"global_params": shared["global"]})[0]
+                      {"global_params": shared["request_reference"]})[0]
     else:
       crafted = shared["request_poison"]
     return jnp.where(own["malicious"], crafted, request)
 
   def own_customized(shared, own, data: ClientData, key):
     """``(ŵ_k as params, request update r_k flat or None)`` for one client."""
-    global_params = shared["global"]
-    global_flat, unravel = ravel_pytree(global_params)
+    global_flat, unravel = ravel_pytree(shared["global"])
     if not request_updates:
       return unravel(own["customized"]), None
-    trained, _, _ = local_train(ce_loss, client_opt, global_params, client_opt.init(global_params), data, key, spec)
-    request = ravel_pytree(trained)[0] - global_flat
+    # r_k = SGD_E(w^{t-1}) - w^{t-1}: the same reference as the pool's d̃^{t-1} (spec §1.4), not the newer w^t.
+    reference = shared["request_reference"]
+    trained, _, _ = local_train(ce_loss, client_opt, reference, client_opt.init(reference), data, key, spec)
+    request = ravel_pytree(trained)[0] - ravel_pytree(reference)[0]
     if poison_requests:
       request = poisoned_request(shared, own, request, jax.random.fold_in(key, 1))
     from_request = request_customized((shared["pool_updates"], shared["pool_models"], shared["pool_valid"],
@@ -278,8 +284,9 @@ def make_fedcap(
     gw = jnp.where(pool_valid, pool_n, 0.0)
     new_global = jnp.where(jnp.sum(gw) > 0, aggregate_rows(gw / jnp.maximum(jnp.sum(gw), 1e-12), pool_models),
                            global_flat)
-    new_state = FedCAPState(unravel(new_global), pool_models, pool_updates, pool_valid, pool_n, removed, removed_round,
-                            state.round + 1)
+    # The pool just stored is calibrated against this round's w^t, so w^t is the next round's request reference.
+    new_state = FedCAPState(unravel(new_global), state.global_params, pool_models, pool_updates, pool_valid, pool_n,
+                            removed, removed_round, state.round + 1)
     diagnostics = {"flagged": removed[ids], "calibrated_norms": norms, "num_removed": jnp.sum(removed),
                    "pool_size": jnp.sum(pool_valid)}
     return new_state, diagnostics
