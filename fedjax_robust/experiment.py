@@ -69,6 +69,8 @@ def default_config() -> ml_collections.ConfigDict:
           "personalize": True,  # False: Table IV variants 1 and 3 (no personalized model)
           "request_updates": "auto",  # clients outside the pool send a request update; auto = partial participation
           "poison_requests": True,  # attackers poison their request updates too (the artifact, spec §2.3)
+          "sample_removed": True,  # removed clients stay in the cohort draw (the artifact); False: spec §6 item 9
+          "eval_customized": "fresh",  # customized model scored: fresh customization | last_received (§6 item 8)
       }),
       # FedFomo (specs/fedcap.md §3; Zhang et al. ICLR 2021; fedjax_robust/algorithms/fedfomo.py)
       "fedfomo": ml_collections.ConfigDict({
@@ -236,7 +238,8 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
                        lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
                        personalize=bool(f.personalize), request_updates=bool(request),
                        request_attack=attack if bool(f.get("poison_requests", True)) else None, malicious=malicious,
-                       pair_forward=pair_forward)
+                       pair_forward=pair_forward, sample_removed=bool(f.get("sample_removed", True)),
+                       eval_customized=str(f.get("eval_customized", "fresh")))
   if name == "fedfomo":
     if aggregator is not None:
       raise ValueError("algorithm 'fedfomo' aggregates nothing globally (each client combines the models it is "

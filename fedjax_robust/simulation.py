@@ -69,11 +69,22 @@ def eval_key(run_key: jax.Array, round_index) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(run_key, EVAL_STREAM), round_index)
 
 
-def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int) -> jax.Array:
-  """A sorted, uniformly random subset of ``cohort_size`` client ids (all clients when equal)."""
+def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int,
+                  eligible: Optional[jax.Array] = None) -> jax.Array:
+  """A sorted, uniformly random subset of ``cohort_size`` client ids (all clients when equal).
+
+  ``eligible`` ([K] bool): draw uniformly among these clients instead; when fewer than ``cohort_size`` are
+  eligible, all of them are taken and the remaining slots go to ineligible clients (the cohort size is static).
+  """
   if cohort_size == num_clients:
     return jnp.arange(num_clients)
-  return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
+  if eligible is None:
+    return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
+  # The top-k of i.i.d. noise is a uniform subset; the offset ranks every eligible client above every ineligible
+  # one (Gumbel noise stays far inside ±1e4), so the ineligible are only filler, themselves drawn at random.
+  noise = jax.random.gumbel(key, (num_clients,))
+  score = noise - 1e4 * (~jnp.asarray(eligible, bool))
+  return jnp.sort(jax.lax.top_k(score, cohort_size)[1])
 
 
 def _gather(tree: PyTree, idx: jax.Array) -> PyTree:
@@ -143,7 +154,9 @@ class Simulator:
   # ----------------------------------------------------------------------------------- rounds
   def _prepare(self, state: SimState, train: ClientData) -> _Prepared:
     cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
-    cohort = sample_cohort(cohort_key, self.num_clients, self.cohort_size)
+    mask_fn = self.algorithm.sampling_mask
+    cohort = sample_cohort(cohort_key, self.num_clients, self.cohort_size,
+                           None if mask_fn is None else mask_fn(state.server))
     data = _gather(train, cohort)
     client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
     return _Prepared(cohort, self._broadcast(state.server, cohort), _gather(state.clients, cohort), data,

@@ -343,6 +343,14 @@ def test_config_wires_poisoned_requests_under_partial_participation():
   assert np.asarray(own["malicious"]).tolist() == [False, True] and "request_poison" in shared
   assert "malicious" not in per_client_payload(2, False)[1]
   assert "malicious" not in per_client_payload(None, True)[1]  # full participation: no requests to poison
+  # spec §6 items 8 and 9: the artifact's behaviour by default, the options reach the algorithm
+  alg = make_algorithm(c, apply_fn, SPEC, num_clients=K, cohort=2)
+  assert alg.sampling_mask is None and "customized" not in alg.init_client(params)
+  c.algorithm.fedcap.sample_removed, c.algorithm.fedcap.eval_customized = False, "last_received"
+  alg = make_algorithm(c, apply_fn, SPEC, num_clients=K, cohort=2)
+  state = alg.init_server(params)._replace(removed=jnp.array([False, True, False, False]))
+  assert np.asarray(alg.sampling_mask(state)).tolist() == [True, False, True, True]
+  assert "customized" in alg.init_client(params)
 
 
 def test_explicit_attacker_ids_override_the_draw():
@@ -447,3 +455,76 @@ def test_engine_fedcap_under_partial_participation_equals_the_plain_loop_referen
   for k in range(K):
     np.testing.assert_allclose(flat(jax.tree.map(lambda a: a[k], state.clients["v"])), flat(ref_state["v"][k]),
                                atol=2e-6)
+
+
+def test_sample_cohort_draws_only_eligible_clients_while_enough_remain():
+  from fedjax_robust.simulation import sample_cohort
+
+  eligible = np.array([True, False, True, True, False, True, True, False])
+  seen = set()
+  for seed in range(40):
+    cohort = np.asarray(sample_cohort(jax.random.key(seed), 8, 3, jnp.asarray(eligible)))
+    assert len(set(cohort.tolist())) == 3 and eligible[cohort].all()
+    seen.update(cohort.tolist())
+  assert seen == set(np.flatnonzero(eligible).tolist())  # every eligible client gets drawn
+  # fewer eligible than slots: all of them, then ineligible filler (no repeats)
+  cohort = np.asarray(sample_cohort(jax.random.key(0), 8, 4, jnp.asarray(np.arange(8) < 2)))
+  assert {0, 1} <= set(cohort.tolist()) and len(set(cohort.tolist())) == 4
+
+
+@pytest.mark.parametrize("sample_removed", [True, False])
+def test_removed_clients_leave_the_cohort_draw_only_when_asked_spec_6_item_9(sample_removed):
+  """Client 2 is a 30x model-replacement attacker (removed when first sampled); with sample_removed=False it is
+  never drawn again, with the artifact's default it keeps taking a slot."""
+  from fedjax_robust.attacks.model_poisoning import scaling
+
+  data, params, apply_fn = setup(data=make_data(sizes=(7, 12, 6, 9)))
+  alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, norm_threshold=1.0, request_updates=True,
+                    sample_removed=sample_removed)
+  transform = as_upload_transform(scaling(factor=30.0), np.array([False, False, True, False]))
+  sim = Simulator(alg, data, apply_fn, make_strategy("vmap"), cohort_size=2, upload_transform=transform)
+  state = sim.init(params, 0)
+  after_removal = []
+  for _ in range(12):
+    removed_before = bool(state.server.removed[2])
+    state, metrics = sim.run_round(state)
+    if removed_before:
+      after_removal.append(2 in np.asarray(metrics["cohort"]).tolist())
+  assert bool(state.server.removed[2]) and len(after_removal) >= 6
+  assert any(after_removal) == sample_removed
+
+
+def test_last_received_customized_models_for_evaluation_spec_6_item_8():
+  """eval_customized='last_received' scores each client on the ŵ_k it was last sent (w^0 if never sampled);
+  'fresh' customizes from the latest pools."""
+  data, params, apply_fn = setup(data=make_data(sizes=(7, 12, 6, 9)))
+  client = lambda k: ClientData(jnp.asarray(data.x_train[k]), jnp.asarray(data.y_train[k]),
+                                jnp.asarray(data.n_train[k]))
+  scored, checked = {}, 0
+  for mode in ("fresh", "last_received"):
+    alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=True, eval_customized=mode)
+    sim = Simulator(alg, data, apply_fn, make_strategy("vmap"), cohort_size=3)
+    state = sim.init(params, 1)
+    for _ in range(3):
+      _, own = alg.broadcast(state.server, jnp.arange(K))
+      was_pooled = np.asarray(state.server.pool_valid)
+      state, metrics = sim.run_round(state)
+      for k in np.asarray(metrics["cohort"]).tolist():
+        if mode == "last_received" and was_pooled[k]:  # a pool member is sent its pool customization
+          np.testing.assert_allclose(flat(jax.tree.map(lambda a: a[k], state.clients["customized"])),
+                                     np.asarray(own["customized"][k]), atol=1e-6)
+          checked += 1
+    shared, own = alg.broadcast(state.server, jnp.arange(K))
+    scored[mode] = [flat(alg.personal_params((shared, jax.tree.map(lambda a: a[k], own)),
+                                             jax.tree.map(lambda a: a[k], state.clients), client(k),
+                                             jax.random.key(9))["customized"]) for k in range(K)]
+    if mode == "last_received":
+      for k in range(K):
+        np.testing.assert_allclose(scored[mode][k], flat(jax.tree.map(lambda a: a[k], state.clients["customized"])))
+  assert checked >= 2
+  # every client's last received model predates the last pool update, so the fresh customization differs
+  for k in range(K):
+    assert not np.allclose(scored["fresh"][k], scored["last_received"][k], atol=1e-5)
+  _, params, apply_fn = setup()
+  with pytest.raises(ValueError, match="eval_customized"):
+    make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, eval_customized="stale")

@@ -26,6 +26,9 @@ are unchanged):
   keys, each one a model the client can be scored with (FedCAP: customized and
   personalized). The first is the primary one (``client_acc_*``); every one is
   also reported as ``<name>_client_acc_*`` / ``<name>_benign_acc_*``.
+* ``sampling_mask(server_state) -> [K] bool``: the clients the cohort may be
+  drawn from (FedCAP's option to stop sampling removed clients, spec §6 item 9);
+  ``None`` draws from everyone.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class FedAlgorithm(NamedTuple):
   global_params(server_state) -> params or None
   personal_params(payload, client_state, train_data, key) -> params of one client
       (a dict ``{name: params}`` when ``eval_models`` is set)
-  uses_client_ids, eval_models: see the module docstring.
+  uses_client_ids, eval_models, sampling_mask: see the module docstring.
   """
 
   name: str
@@ -71,3 +74,4 @@ class FedAlgorithm(NamedTuple):
   personal_params: Callable[[PyTree, PyTree, ClientData, jax.Array], PyTree]
   uses_client_ids: bool = False
   eval_models: tuple[str, ...] = ()
+  sampling_mask: Optional[Callable[[PyTree], jax.Array]] = None

@@ -41,6 +41,13 @@ members counted as the attackers (:func:`fedjax_robust.attacks.craft`). Requests
 enter only through cosine similarities, so positive scale factors (MR's N, IPM's
 ε) do not change the customized model; the artifact's N = participants is not
 reproduced there. Requests are never norm-checked.
+
+Removed clients (spec §1.6): never in a pool, never in the global model, and
+their uploads are discarded; they can still be sampled, as in the artifact. One
+difference: a removed participant here is handed a freshly customized model (by
+request, or the global model without requests) where the artifact leaves it its
+stale one. Only its personalized model sees this, so benign accuracy changes only
+for a benign client removed by mistake (FPR > 0).
 """
 
 from __future__ import annotations
@@ -124,6 +131,8 @@ def make_fedcap(
     request_attack: Optional[ModelAttack] = None,
     malicious: Optional[Any] = None,
     pair_forward: str = "separate",
+    sample_removed: bool = True,
+    eval_customized: str = "fresh",
     name: str = "fedcap",
 ) -> FedAlgorithm:
   """FedCAP (module docstring). ``num_clients`` = K, the size of the server's pools.
@@ -140,6 +149,19 @@ def make_fedcap(
   meaningful with ``request_updates``, since without requests there is nothing
   to poison.
 
+  ``sample_removed`` (spec §6 item 9): ``True`` keeps removed clients in the
+  cohort draw, as the artifact does (they take a slot and their upload is
+  discarded); ``False`` draws the cohort from the unremoved clients only (removed
+  ones fill slots only when too few remain).
+
+  ``eval_customized`` (spec §6 item 8): the customized model each client is scored
+  with. ``"fresh"`` (default, the artifact's numbers): a customization from the
+  latest pools for every client, a request update for each client outside the
+  pool, with no state change (about K extra local trainings per evaluation under
+  partial participation). ``"last_received"``: the ŵ_k the client was last sent
+  (w^0 before its first round); free at evaluation, but it keeps a [K, D] copy on
+  the client axis and scores clients on models up to many rounds old.
+
   ``pair_forward``: how the personalized and customized models' passes run
   (:func:`fedjax_robust.algorithms.ditto.pair_logits`); same numbers.
   """
@@ -153,6 +175,9 @@ def make_fedcap(
     raise ValueError(f"fedcap: norm_threshold must be > 0, got {norm_threshold}")
   if num_clients < 1:
     raise ValueError(f"fedcap: num_clients must be >= 1, got {num_clients}")
+  if eval_customized not in ("fresh", "last_received"):
+    raise ValueError(f"fedcap: eval_customized must be 'fresh' or 'last_received', got {eval_customized!r}")
+  keep_customized = eval_customized == "last_received"
   check_pair_forward(pair_forward)
   alpha, phi, lamda, norm_threshold = float(alpha), float(phi), float(lamda), float(norm_threshold)
   poison_requests = request_updates and request_attack is not None and request_attack.name != "none"
@@ -178,7 +203,8 @@ def make_fedcap(
                        jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.int32), jnp.zeros((), jnp.int32))
 
   def init_client(params):
-    return {"v": params} if personalize else {}
+    state = {"v": params} if personalize else {}
+    return {**state, "customized": params} if keep_customized else state
 
   def pool_customized(state: FedCAPState, ids: jax.Array) -> jax.Array:
     """ŵ for clients ``ids`` that are in the pool (self branch); other rows are meaningless."""
@@ -252,7 +278,10 @@ def make_fedcap(
     upload = {"delta": tree_sub(trained["w"], customized)}
     if request_updates:
       upload["request"] = request
-    return ClientOutput(upload, {"v": trained["v"]} if personalize else {}, metrics)
+    new_state = {"v": trained["v"]} if personalize else {}
+    if keep_customized:
+      new_state["customized"] = customized
+    return ClientOutput(upload, new_state, metrics)
 
   def server_update(state: FedCAPState, uploads, weights, key, ids):
     del key
@@ -293,9 +322,10 @@ def make_fedcap(
 
   def personal_params(payload, client_state, data: ClientData, key):
     shared, own = payload
-    customized, _ = own_customized(shared, own, data, key)
+    customized = client_state["customized"] if keep_customized else own_customized(shared, own, data, key)[0]
     return {"customized": customized, "personalized": client_state["v"] if personalize else customized}
 
   return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update,
                       lambda state: state.global_params, personal_params, uses_client_ids=True,
-                      eval_models=("customized", "personalized"))
+                      eval_models=("customized", "personalized"),
+                      sampling_mask=None if sample_removed else (lambda state: ~state.removed))
