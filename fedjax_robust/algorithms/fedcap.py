@@ -46,8 +46,13 @@ Removed clients (spec §1.6): never in a pool, never in the global model, and
 their uploads are discarded; they can still be sampled, as in the artifact. One
 difference: a removed participant here is handed a freshly customized model (by
 request, or the global model without requests) where the artifact leaves it its
-stale one. Only its personalized model sees this, so benign accuracy changes only
-for a benign client removed by mistake (FPR > 0).
+stale one (it keeps training its own last model, so its honest update drifts
+further from that stale model each time it is sampled). This reaches the numbers
+in two places: the removed client's personalized model (benign accuracy, only if a
+benign client was removed by mistake, FPR > 0), and the cohort statistics that
+LIE, Min-Max and Min-Sum craft from, which include removed attackers' honest
+uploads as in the artifact. Neither arises on CIFAR-10 (no false positives; the
+attackers are removed together, after which nothing is crafted from them).
 """
 
 from __future__ import annotations
