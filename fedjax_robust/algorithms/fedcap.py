@@ -51,8 +51,8 @@ further from that stale model each time it is sampled). This reaches the numbers
 in two places: the removed client's personalized model (benign accuracy, only if a
 benign client was removed by mistake, FPR > 0), and the cohort statistics that
 LIE, Min-Max and Min-Sum craft from, which include removed attackers' honest
-uploads as in the artifact. Neither arises on CIFAR-10 (no false positives; the
-attackers are removed together, after which nothing is crafted from them).
+uploads as in the artifact. Neither arises on CIFAR-10 (no false positives; LIE is
+never detected and the other crafted attacks lose all attackers in one round).
 """
 
 from __future__ import annotations
