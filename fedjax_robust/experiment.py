@@ -59,6 +59,7 @@ def default_config() -> ml_collections.ConfigDict:
       "finetune_epochs": 1,  # FedAvg-FT with ft_mode='finetune': local epochs from the global model
       "lamda": 1.0,  # Ditto: prox weight of the personalized model toward the received global one (spec §3)
       "fedrod_count_floor": 1e-8,  # FedRoD: class counts clamped below before the balanced-softmax log
+      "fedrod_personal_generic": "local",  # FedRoD: personal head on the client's local generic model | global
       # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py)
       "fedcap": ml_collections.ConfigDict({
           "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
@@ -220,7 +221,8 @@ def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root
   if name == "fedrod":
     return make_fedrod(apply_fn, client_opt, spec, server_opt, features_fn=features_fn,
                        count_floor=float(config.algorithm.fedrod_count_floor), aggregator=aggregator,
-                       root_data=root_data)
+                       root_data=root_data,
+                       personal_generic=str(config.algorithm.get("fedrod_personal_generic", "local")))
   if name == "local":
     if aggregator is not None:
       raise ValueError("algorithm 'local' aggregates nothing; leave aggregator.name='mean'")

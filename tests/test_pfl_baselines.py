@@ -167,9 +167,26 @@ def test_fedrod_personal_params_sum_the_heads_and_give_global_plus_head_logits()
   x = jnp.asarray(data.x_test[0])
   expected = apply_fn(params, x) + linear_head(head, features_fn(params, x))
   np.testing.assert_allclose(apply_fn(personal, x), expected, atol=1e-5)
-  alg = make_fedrod(apply_fn, optax.sgd(0.1), SPEC, features_fn=features_fn)
+  alg = make_fedrod(apply_fn, optax.sgd(0.1), SPEC, features_fn=features_fn, personal_generic="global")
   assert_trees_equal(alg.personal_params(params, {"head": head}, client(data), jax.random.key(0)), personal)
   assert_trees_equal(alg.init_client(params)["head"], params["head"])
+
+
+def test_fedrod_personal_head_sits_on_the_clients_locally_updated_generic_model_by_default():
+  """The artifact scores FedRoD's personalized model right after local training: the client's trained generic
+  model g_k plus its head, not the aggregated global model (spec §3, last paragraph)."""
+  data, params, apply_fn, features_fn = mlp_setup()
+  alg = make_fedrod(apply_fn, optax.sgd(0.1), SPEC, features_fn=features_fn)
+  state = alg.init_client(params)
+  assert_trees_equal(state["generic"], params)  # a client never sampled: w^0
+  out = alg.client_update(params, state, client(data, 1), jax.random.key(0))
+  trained_g = jax.tree.map(jnp.add, params, out.upload["delta"])
+  assert_trees_close(out.state["generic"], trained_g, atol=1e-6)
+  other_global = jax.tree.map(lambda a: a + 0.5, params)
+  assert_trees_equal(alg.personal_params(other_global, out.state, client(data, 1), jax.random.key(0)),
+                     combine_heads(out.state["generic"], out.state["head"]))
+  with pytest.raises(ValueError, match="personal_generic"):
+    make_fedrod(apply_fn, optax.sgd(0.1), SPEC, personal_generic="stale")
 
 
 def test_fedrod_generic_model_is_bsm_training_and_head_paths_agree():
@@ -227,6 +244,9 @@ def test_padded_steps_are_exact_noops_for_both_models(name):
   empty = ClientData(tight.x, tight.y, jnp.int32(0))
   c = alg.client_update(params, state, empty, jax.random.key(3))
   assert int(c.metrics["steps"]) == 0
+  if name == "fedrod":  # its locally updated generic model is the received one, untrained
+    assert_trees_equal(c.state.pop("generic"), params)
+    state = {k: v for k, v in state.items() if k != "generic"}
   assert_trees_equal(c.state, state)
   assert all(not np.asarray(leaf).any() for leaf in jax.tree.leaves(c.upload["delta"]))
 

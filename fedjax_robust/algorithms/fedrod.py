@@ -32,9 +32,15 @@ counts over its ``drop_last`` train loader), all ``n`` rows otherwise.
 
 **Personalized model.** The personalized prediction is ``out_g + h_k(rep)``.
 The head is linear, so this is ``rep @ (K_g + K_h) + (b_g + b_h)``: the same
-architecture with the global base and the summed head. ``personal_params``
+architecture with the generic model's base and the summed head. ``personal_params``
 returns exactly those ordinary params, so the engine scores them with its usual
-``apply_fn``; ``global_params`` is the generic model. FedCAP reports
+``apply_fn``; ``global_params`` is the aggregated generic model. Which generic
+model ``g`` carries the personal head (``personal_generic``): ``"local"``
+(default) is the client's own locally updated ``g`` from its last round, as the
+FedCAP artifact scores it (PFLlib's ``evaluate_personalized`` runs right after
+``client.train()``, on the client's trained model; spec §3 last paragraph,
+"locally-updated/personalized"); it costs a ``[K, D]`` copy on the client axis.
+``"global"`` puts the head on the current global model instead. FedCAP reports
 ``max(global_benign_acc_weighted, benign_acc_weighted)`` (spec §3, §4.4).
 
 Both per-batch steps are one optimizer step on the pair ``{"g", "h"}`` of the
@@ -122,6 +128,7 @@ def make_fedrod(
     count_floor: float = 1e-8,
     aggregator: Aggregator | None = None,
     root_data: ClientData | None = None,
+    personal_generic: str = "local",
     name: str = "fedrod",
 ) -> FedAlgorithm:
   """FedRoD (module docstring).
@@ -135,11 +142,15 @@ def make_fedrod(
   """
   if not count_floor > 0:
     raise ValueError(f"fedrod: count_floor must be > 0, got {count_floor}")
+  if personal_generic not in ("local", "global"):
+    raise ValueError(f"fedrod: personal_generic must be 'local' or 'global', got {personal_generic!r}")
+  keep_generic = personal_generic == "local"
   count_floor = float(count_floor)
   server = make_fedavg(apply_fn, client_opt, spec, server_opt, aggregator=aggregator, root_data=root_data)
 
   def init_client(params):
-    return {"head": split_base_head(params)[1]}  # h_k^0 = the initial head
+    state = {"head": split_base_head(params)[1]}  # h_k^0 = the initial head
+    return {**state, "generic": params} if keep_generic else state  # a never-sampled client holds w^0
 
   def client_update(global_params, client_state, data: ClientData, key):
     num_classes = global_params["head"]["kernel"].shape[-1]
@@ -147,11 +158,12 @@ def make_fedrod(
     params = {"g": global_params, "h": client_state["head"]}
     trained, _, metrics = local_train(fedrod_pair_loss(apply_fn, features_fn, counts, count_floor), client_opt,
                                       params, client_opt.init(params), data, key, spec)
-    return ClientOutput({"delta": tree_sub(trained["g"], global_params)}, {"head": trained["h"]}, metrics)
+    state = {"head": trained["h"], "generic": trained["g"]} if keep_generic else {"head": trained["h"]}
+    return ClientOutput({"delta": tree_sub(trained["g"], global_params)}, state, metrics)
 
   def personal_params(global_params, client_state, data: ClientData, key):
     del data, key
-    return combine_heads(global_params, client_state["head"])
+    return combine_heads(client_state["generic"] if keep_generic else global_params, client_state["head"])
 
   return FedAlgorithm(name, server.init_server, init_client, server.broadcast, client_update, server.server_update,
                       server.global_params, personal_params)
