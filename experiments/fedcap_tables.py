@@ -109,7 +109,7 @@ METHODS = {
     "fedavg_ft": ("FedAvg-FT", ("",)),
     "ditto": ("Ditto", ("global", "")),
     "fedrod": ("FedRoD", ("global", "")),
-    "fedfomo": ("FedFomo", ("",)),
+    "fedfomo": ("FedFomo", ("", "received")),
     "fedcap": ("FedCAP", ("customized", "personalized")),
 }
 DITTO_LAMBDA = {"none": 1.0, "label_flip": 0.1, "sign_flip": 0.01, "scaling": 0.01}  # spec §3, CIFAR scripts

@@ -298,6 +298,7 @@ def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
   assert lf.attack.data.kind == "label_flip" and lf.attack.data.flip_mode == "reverse"
   # Reported models (spec §3 last paragraph, §4.4).
   assert t.METHODS["fedavg"][1] == ("global",) and t.METHODS["fedcap"][1] == ("customized", "personalized")
+  assert t.METHODS["fedfomo"][1] == ("", "received") and t.METHODS["fedrod"][1] == ("global", "")
   assert t.VARIANTS["v1"][2] == ("customized",) and t.VARIANTS["v2"][2] == ("global", "")
 
 

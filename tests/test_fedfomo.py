@@ -15,7 +15,7 @@ from fedjax_robust.execution import make_strategy
 from fedjax_robust.experiment import make_algorithm, run_experiment
 from fedjax_robust.simulation import Simulator
 from test_engine import assert_trees_close, make_data, setup
-from test_pfl_baselines import label_skew
+from test_pfl_baselines import assert_trees_equal, label_skew
 
 SPEC = LocalTrainSpec(epochs=2, batch_size=3, drop_last=False, shuffle=False)
 LINEAR = lambda p, x: x @ p["k"] + p["b"]  # 2 features -> 2 classes
@@ -126,19 +126,23 @@ def test_server_rebuilds_models_and_accumulates_affinity():
   rng = np.random.default_rng(0)
   ids = jnp.array([0, 1, 2, 3])
   step1 = rng.normal(size=(4, d)).astype(np.float32)
-  uploads = {"delta": jax.vmap(unravel)(jnp.asarray(step1)), "weights": jnp.zeros((4, 2))}
+  base1 = np.tile(flat(params), (4, 1))  # every client's θ_old is θ^0
+  uploads = {"delta": jax.vmap(unravel)(jnp.asarray(step1)), "base": jnp.asarray(base1), "weights": jnp.zeros((4, 2))}
   state, diag = alg.server_update(state, uploads, jnp.ones(4), jax.random.key(1), ids)
-  np.testing.assert_allclose(np.asarray(state.models), flat(params)[None] + step1, atol=1e-6)  # base = θ^0
+  np.testing.assert_allclose(np.asarray(state.models), base1 + step1, atol=1e-6)
   assert np.asarray(state.seen).all() and not np.asarray(state.affinity).any()
   assert float(diag["kept_own_model"]) == 1.0
-  # round 2: the server recovers from its own record and adds w_n to P[k, sent n]
+  # round 2: the stored model is the client's own θ_old plus its (possibly poisoned) delta, as the artifact builds
+  # it; client 3 poisoned its round-1 upload, so its honest θ_old is not the server's record of it
   _, own = alg.broadcast(state, ids)
   sent = np.asarray(own["indices"])
   w = np.array([[0.25, 0.75], [1.0, 0.0], [0.0, 0.0], [0.5, 0.5]], np.float32)
   step2 = rng.normal(size=(4, d)).astype(np.float32)
-  uploads = {"delta": jax.vmap(unravel)(jnp.asarray(step2)), "weights": jnp.asarray(w)}
+  base2 = base1 + step1
+  base2[3] = base1[3] - step1[3]  # its honest model; the server holds base1 + step1 (a sign-flipped record)
+  uploads = {"delta": jax.vmap(unravel)(jnp.asarray(step2)), "base": jnp.asarray(base2), "weights": jnp.asarray(w)}
   new, diag = alg.server_update(state, uploads, jnp.ones(4), jax.random.key(2), ids)
-  np.testing.assert_allclose(np.asarray(new.models), flat(params)[None] + step1 + step2, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(new.models), base2 + step2, atol=1e-5)
   expected = np.zeros((4, 4), np.float32)
   for k in range(4):
     for slot in range(2):
@@ -264,3 +268,19 @@ def test_fedfomo_personalizes_on_label_skewed_digits(tmp_path):
   rows = [json.loads(line) for line in (tmp_path / "fedfomo" / "metrics.jsonl").read_text().splitlines()]
   assert rows[0]["models_received"] == 0.0 and rows[1]["models_received"] == 5.0
   assert min(r["kept_own_model"] for r in rows[1:]) < 1.0  # the federated update is actually taken
+
+
+def test_received_model_is_scored_beside_the_local_one():
+  """Evaluation reports the federated model Σ w_n θ_n a client builds from the current pool (``received``)
+  beside its own model θ_k (primary), as the artifact scores max(received, locally updated) (spec §3)."""
+  data, old, received, pool, val_loss = linear_case()
+  alg = make_fedfomo(LINEAR, optax.sgd(0.0), SPEC, num_clients=4, num_models=3)
+  assert alg.eval_models == ("local", "received")
+  payload = ({"models": jnp.asarray(pool)}, {"indices": jnp.array([1, 2, 3]), "valid": jnp.ones(3, bool)})
+  state = {"params": jax.tree.map(jnp.asarray, old)}
+  models = alg.personal_params(payload, state, data, jax.random.key(0))
+  assert_trees_equal(models["local"], state["params"])
+  # lr = 0: the client's trained model is exactly the federated model it received
+  out = alg.client_update(payload, state, data, jax.random.key(0))
+  np.testing.assert_allclose(flat(models["received"]), flat(out.state["params"]), atol=1e-6)
+  assert not np.allclose(flat(models["received"]), flat(old), atol=1e-3)

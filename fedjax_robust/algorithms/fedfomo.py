@@ -48,16 +48,23 @@ One round ``t``:
    with normalised weights this is the convex combination ``Σ_n w_n θ_n``.
 4. **Local training**: E epochs of local SGD from ``θ`` on the train part
    (optimizer state reset each round), giving ``θ_k^{t}``.
-5. **Upload**: ``delta = θ_k^t − θ_old`` (the field attacks poison) and the
-   weights ``w_n``. The server rebuilds the model from its own record of
-   ``θ_old`` (the client's last upload, or ``θ^0`` if it never uploaded):
-   ``models[k] ← base_k + delta``, marks ``k`` seen, and accumulates
+5. **Upload**: ``delta = θ_k^t − θ_old`` (the field attacks poison), the
+   client's ``θ_old`` (``base``) and the weights ``w_n``. The server stores
+   ``models[k] ← base + delta``, marks ``k`` seen, and accumulates
    ``P[k, n] += w_n`` for the O indices it sent (paper Alg. 1, affinity update;
    the indices are recomputed from the state, as FedCAP does with ``ŵ_k``).
-   Without an attack ``models[k]`` equals ``θ_k^t`` up to float rounding.
+   Without an attack ``models[k]`` equals ``θ_k^t`` up to float rounding. An
+   attacker's stored model is its own honest ``θ_old`` plus the poisoned delta,
+   as the artifact builds it (``serverfomo.receive_models``: ``old_model`` +
+   poisoned update), so a sign flip or a scaling does not compound over the
+   server's earlier poisoned records.
 
-Evaluation: ``personal_params`` = ``θ_k``; ``global_params`` = ``None`` (no
-``global_*`` metrics). A client never sampled keeps ``θ^0``.
+Evaluation (``eval_models``): ``local`` = ``θ_k`` (primary: ``client_acc_*``)
+and ``received`` = the federated model ``Σ_n w_n θ_n`` the client would build
+from the current pool before training (``received_*``); the FedCAP artifact
+reports the better of the two at the final round (spec §3 last paragraph).
+``global_params`` = ``None`` (no ``global_*`` metrics). A client never sampled
+keeps ``θ^0``.
 
 Not modelled: the official code's signed affinity update (its ``P`` adds the
 raw loss deltas divided by ``|Σ raw|``, negatives included); here ``P`` adds the
@@ -88,7 +95,6 @@ class FedFomoState(NamedTuple):
   models: jax.Array  # [K, D] latest uploaded model of every client (rows with seen=False are unused)
   seen: jax.Array  # [K] bool: the client has uploaded at least once
   affinity: jax.Array  # [K, K] P[k, n]: accumulated weights client k gave client n's model
-  initial: jax.Array  # [D] θ^0, the model of clients that never uploaded (base for delta recovery)
   key: jax.Array  # exploration key of the next broadcast (the previous round's server key)
   round: jax.Array  # int32: server updates so far (ε decay)
 
@@ -181,7 +187,7 @@ def make_fedfomo(
   def init_server(params):
     flat, _ = ravel_pytree(params)
     return FedFomoState(jnp.zeros((num_clients, flat.shape[0]), flat.dtype), jnp.zeros((num_clients,), bool),
-                        jnp.zeros((num_clients, num_clients), jnp.float32), flat, jax.random.key(0),
+                        jnp.zeros((num_clients, num_clients), jnp.float32), jax.random.key(0),
                         jnp.zeros((), jnp.int32))
 
   def init_client(params):
@@ -201,11 +207,11 @@ def make_fedfomo(
     indices, valid = selection(state, ids)
     return {"models": state.models}, {"indices": indices, "valid": valid}
 
-  def client_update(payload, client_state, data: ClientData, key):
+  def federated_update(payload, client_state, data: ClientData):
+    """Steps 2-3: ``(θ = Σ_n w_n θ_n flat, weights w [O], θ_old flat, unravel, n_train)`` for one client."""
     shared, own = payload
     pool, indices, valid = shared["models"], own["indices"], own["valid"]
-    theta_old = client_state["params"]
-    flat_old, unravel = ravel_pytree(theta_old)
+    flat_old, unravel = ravel_pytree(client_state["params"])
     n_train, _ = validation_split(data.n, val_fraction)
     # The validation rows n_train .. n-1 lie in a window of static size (at most ⌊q·n_max⌋ rows).
     n_max = data.y.shape[0]
@@ -222,33 +228,37 @@ def make_fedfomo(
       return val_loss(unravel(flat_n)), jnp.linalg.norm(flat_n - flat_old)
 
     losses, distances = jax.lax.map(score, indices)
-    weights = fomo_weights(val_loss(theta_old), losses, distances, valid)
+    weights = fomo_weights(val_loss(client_state["params"]), losses, distances, valid)
     # The federated update with Σ w_n = 1: θ_old + Σ w_n (θ_n − θ_old) = Σ w_n θ_n, as one [K] x [K, D] product.
     scattered = jnp.zeros((num_clients,), pool.dtype).at[indices].add(weights)
     federated = jnp.where(jnp.sum(weights) > 0, jnp.matmul(scattered, pool, precision=HIGHEST), flat_old)
+    return federated, weights, flat_old, unravel, n_train
+
+  def client_update(payload, client_state, data: ClientData, key):
+    federated, weights, flat_old, unravel, n_train = federated_update(payload, client_state, data)
     start_params = unravel(federated)
     train = ClientData(data.x, data.y, n_train)
     trained, _, metrics = local_train(ce_loss, client_opt, start_params, client_opt.init(start_params), train, key,
                                       spec)
-    upload = {"delta": tree_sub(trained, theta_old), "weights": weights}
+    upload = {"delta": tree_sub(trained, client_state["params"]), "base": flat_old, "weights": weights}
     return ClientOutput(upload, {"params": trained}, metrics)
 
   def server_update(state: FedFomoState, uploads, weights, key, ids):
     del weights  # FedFomo has no sample-weighted aggregate
     deltas = jax.vmap(lambda d: ravel_pytree(d)[0])(uploads["delta"])
-    base = jnp.where(state.seen[ids][:, None], state.models[ids], state.initial[None])
-    models = state.models.at[ids].set(base + deltas)
+    models = state.models.at[ids].set(uploads["base"] + deltas)
     indices, valid = selection(state, ids)
     w = jnp.where(valid, uploads["weights"], 0.0)
     affinity = state.affinity.at[ids[:, None], indices].add(w)
-    new_state = FedFomoState(models, state.seen.at[ids].set(True), affinity, state.initial, key, state.round + 1)
+    new_state = FedFomoState(models, state.seen.at[ids].set(True), affinity, key, state.round + 1)
     diagnostics = {"models_received": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
                    "kept_own_model": jnp.mean((jnp.sum(w, axis=1) == 0).astype(jnp.float32))}
     return new_state, diagnostics
 
   def personal_params(payload, client_state, data: ClientData, key):
-    del payload, data, key
-    return client_state["params"]
+    del key
+    federated, _, _, unravel, _ = federated_update(payload, client_state, data)
+    return {"local": client_state["params"], "received": unravel(federated)}
 
   return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update, lambda state: None,
-                      personal_params, uses_client_ids=True)
+                      personal_params, uses_client_ids=True, eval_models=("local", "received"))
