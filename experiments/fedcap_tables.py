@@ -396,8 +396,9 @@ def personalized_table(results: dict) -> str:
   lines.append("| best (ours) | " + " | ".join(best) + " |")
   lines.append("")
   lines.append("Value: benign-client accuracy at the final round; FedAvg = global model, FedAvg-FT = locally updated "
-               "models, Local / FedFomo = the clients' own models, Ditto / FedRoD = better of global and "
-               "personalized, FedCAP = better of customized and personalized (spec §3, §4.4).")
+               "models, Local = the clients' own models, FedFomo = better of received (federated) and own "
+               "models, Ditto / FedRoD = better of global and personalized (FedRoD's head on the locally updated "
+               "generic model), FedCAP = better of customized and personalized (spec §3, §4.4).")
   lines.append("")
   lines.append(FIG7_PAPER_NOTE)
   return "\n".join(lines) + "\n"
