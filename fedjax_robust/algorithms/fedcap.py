@@ -204,8 +204,9 @@ def make_fedcap(
   def init_server(params):
     flat, _ = ravel_pytree(params)
     zeros = jnp.zeros((num_clients, flat.shape[0]), flat.dtype)
-    return FedCAPState(params, params, zeros, zeros, jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.float32),
-                       jnp.zeros((num_clients,), bool), jnp.zeros((num_clients,), jnp.int32), jnp.zeros((), jnp.int32))
+    flags = jnp.zeros((num_clients,), bool)
+    return FedCAPState(params, params, zeros, zeros, flags, jnp.zeros((num_clients,), jnp.float32), flags,
+                       jnp.zeros((num_clients,), jnp.int32), jnp.zeros((), jnp.int32))
 
   def init_client(params):
     state = {"v": params} if personalize else {}
