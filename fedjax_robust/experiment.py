@@ -60,6 +60,7 @@ def default_config() -> ml_collections.ConfigDict:
       "lamda": 1.0,  # Ditto: prox weight of the personalized model toward the received global one (spec §3)
       "fedrod_count_floor": 1e-8,  # FedRoD: class counts clamped below before the balanced-softmax log
       "fedrod_personal_generic": "local",  # FedRoD: personal head on the client's local generic model | global
+      "local_trains_all": True,  # Local: all K clients train every round (FedCAP spec §3); False: the sampled cohort
       # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py)
       "fedcap": ml_collections.ConfigDict({
           "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
@@ -164,11 +165,15 @@ def resolve_unroll(value, backend: str, has_conv: bool) -> bool | int:
 
 
 def cohort_size(config, num_clients: int) -> int:
-  if config.server.cohort_size:
-    return int(config.server.cohort_size)
+  """Clients per round. Local training has no server to sample for: by default every client trains every round
+  (FedCAP spec §3: "all K clients every round"), whatever ``server.participation`` says."""
   frac = float(config.server.participation)
   if not 0 < frac <= 1:
     raise ValueError(f"server.participation must be in (0, 1], got {frac}")
+  if config.algorithm.name == "local" and config.algorithm.get("local_trains_all", True):
+    return num_clients
+  if config.server.cohort_size:
+    return int(config.server.cohort_size)
   return max(1, int(round(frac * num_clients)))
 
 

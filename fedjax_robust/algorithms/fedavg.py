@@ -13,7 +13,9 @@
   ``ft_mode="finetune"``: the current global model fine-tuned for
   ``finetune_epochs`` on the client's training data at evaluation time.
 * Local / Separate: no communication; every client trains its own model from the
-  common initialisation.
+  common initialisation. FedCAP's spec (§3) trains all K clients every round, so
+  the experiment builder gives Local a full cohort whatever the participation
+  (``algorithm.local_trains_all``; ``False`` trains the sampled cohort only).
 """
 
 from __future__ import annotations
