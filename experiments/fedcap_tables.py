@@ -216,22 +216,34 @@ def attackers(config, num_clients: int):
 
 
 def removal_record(run_dir: Path, malicious: list[int], num_clients: int) -> dict:
-  """Cumulative removals from metrics.jsonl: the round each client was first flagged, and DAcc/FPR/FNR (%)."""
+  """Cumulative removals from metrics.jsonl: the round each client was first flagged, DAcc/FPR/FNR (%), and, where
+  the rows log their cohort, how many rounds each removed client had taken part in by then (its removal round
+  included): under partial participation a client can only be caught in a round it is sampled in."""
   removed_at: dict[int, int] = {}
+  seen: dict[int, int] = {}
+  tries: dict[int, int] = {}
   for line in (run_dir / "metrics.jsonl").read_text().splitlines():
     row = json.loads(line)
+    for k in row.get("cohort", []):
+      seen[int(k)] = seen.get(int(k), 0) + 1
     for k in row.get("flagged_clients", []):
-      removed_at.setdefault(int(k), int(row["round"]))
+      if int(k) not in removed_at:
+        removed_at[int(k)] = int(row["round"])
+        if "cohort" in row:
+          tries[int(k)] = seen.get(int(k), 0)
   mal = set(malicious)
   benign = num_clients - len(mal)
   tp = sum(1 for k in removed_at if k in mal)
   fp = len(removed_at) - tp
-  return {
+  record = {
       "removed_round": {str(k): r for k, r in sorted(removed_at.items())},
       "dacc": 100.0 * (tp + benign - fp) / num_clients,
       "fpr": 100.0 * fp / benign if benign else float("nan"),
       "fnr": 100.0 * (len(mal) - tp) / len(mal) if mal else float("nan"),
   }
+  if tries:
+    record["removed_participation"] = {str(k): n for k, n in sorted(tries.items())}
+  return record
 
 
 def main():

@@ -420,6 +420,24 @@ def test_fedcap_tables_mode_records_detection(tmp_path, shared_data, data_cache_
   assert f"| MR | {cell['value']:.2f} / 84.1 |" in table and "| 100 / 100 | 0 / 0 | 0 / 0 |" in table
 
 
+def test_removal_record_counts_participations_before_removal_by_hand(tmp_path):
+  """Partial participation: a client is caught only in rounds it is sampled in, so the record says on which of
+  its participations it was removed (rows without a cohort, as before norm logging, give no such field)."""
+  rows = [{"round": 1, "cohort": [0, 1], "flagged_clients": []},
+          {"round": 2, "cohort": [1, 2], "flagged_clients": [2]},
+          {"round": 3, "cohort": [0, 1], "flagged_clients": [2, 1]},  # 2 stays removed, not counted again
+          {"round": 4, "cohort": [1, 3], "flagged_clients": [2, 1]}]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  rec = load_fedcap_tables().removal_record(tmp_path, malicious=[1, 3], num_clients=4)
+  assert rec["removed_round"] == {"1": 3, "2": 2}
+  assert rec["removed_participation"] == {"1": 3, "2": 1}
+  assert (rec["dacc"], rec["fpr"], rec["fnr"]) == (50.0, 50.0, 50.0)  # TP 1, FP 1 (client 2), FN 1 (client 3)
+  for r in rows:
+    del r["cohort"]
+  (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  assert "removed_participation" not in load_fedcap_tables().removal_record(tmp_path, [1, 3], 4)
+
+
 def test_fedcap_tables_ditto_agr_table_merges_cells(tmp_path):
   """Fig. 8 table: ours / paper per cell from the sharded results, '—' where a cell has not run (spec §5.6).
 
