@@ -46,8 +46,9 @@ def test_weights_are_on_the_simplex_p2(alpha, phi):
   valid = np.array([True, False, True, True, True, True])
   w = weights_of(upd, np.arange(6), valid, upd, valid, alpha, phi)
   assert (w >= 0).all()
-  np.testing.assert_allclose(w[valid].sum(1), 1.0, atol=1e-6)
+  np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-6)  # pooled rows and the request row of client 1 alike
   assert (w[:, ~valid] == 0).all()  # nobody outside the pool gets weight
+  assert w[1, 1] == 0.0  # a request gets no self weight
 
 
 def test_softmax_by_hand_and_self_weight():
@@ -64,6 +65,12 @@ def test_scale_invariance_p9_and_large_alpha_p10():
   base = weights_of(upd[[1]], [1], [False], upd, valid, 10.0, 0.3)
   scaled = weights_of(3.0 * upd[[1]], [1], [False], 5.0 * upd, valid, 10.0, 0.3)
   np.testing.assert_allclose(base, scaled, atol=1e-6)
+  # c < 0 flips the sign of every similarity of that request: the softmax of -α·cos
+  sims1 = (upd @ upd[1]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[1]))
+  flipped = weights_of(-2.0 * upd[[1]], [1], [False], upd, valid, 10.0, 0.3)[0]
+  e = np.exp(-10.0 * sims1 - (-10.0 * sims1).max())
+  np.testing.assert_allclose(flipped, e / e.sum(), atol=1e-6)
+  assert np.argmax(flipped) == np.argmin(base[0])
   sims = (upd @ upd[0]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[0]))
   hot = weights_of(upd[[0]], [0], [False], upd, valid, 1e4, 0.3)[0]
   assert hot[np.argmax(sims)] == pytest.approx(1.0, abs=1e-6)  # the request's own row, cos = 1
@@ -176,6 +183,13 @@ def test_detection_is_strict_nan_counts_and_removal_is_permanent_p11():
   np.testing.assert_array_equal(np.asarray(again.removed), [False, True, True, False])
   np.testing.assert_array_equal(np.asarray(again.pool_valid), [True, False, False, True])
   np.testing.assert_array_equal(np.asarray(again.removed_round), [0, 1, 1, 0])
+  pool = np.asarray(again.pool_models)
+  np.testing.assert_allclose(flat(again.global_params), (pool[0] + pool[3]) / 2, atol=1e-6)  # Eq. 6 without 1, 2
+  assert not pool[[1, 2]].any()
+  # a removed client that is sampled again is handed the global model (module docstring: "Removed clients")
+  _, own = alg.broadcast(again, jnp.arange(K))
+  np.testing.assert_allclose(np.asarray(own["customized"][1]), flat(again.global_params), atol=0)
+  assert not np.allclose(np.asarray(own["customized"][0]), flat(again.global_params), atol=1e-7)
 
 
 def test_no_calibration_ablation_uses_raw_uploads_and_never_detects_p21():
@@ -188,6 +202,64 @@ def test_no_calibration_ablation_uses_raw_uploads_and_never_detects_p21():
                                 jax.random.key(0), jnp.arange(K))
   assert not np.asarray(new.removed).any()
   np.testing.assert_allclose(np.asarray(new.pool_updates), raw, atol=1e-6)
+
+
+def test_calibration_identity_after_round_zero_p6():
+  """Round 1 (a pool exists, so ŵ_k differs from w^t): the server recovers w̃_k = ŵ_k + d_k from its own record of
+  ŵ_k (P5) and calibrates d̃_k = d_k + (ŵ_k - w^t) (P6), for arbitrary uploads d_k."""
+  data, params, _, alg = fedcap_parts(alpha=2.0, phi=0.3, norm_threshold=1e6)
+  state = alg.init_server(params)
+  out, cdata = client_outputs(alg, params, data, state)
+  state, _ = alg.server_update(state, out.upload, cdata.n.astype(jnp.float32), jax.random.key(0), jnp.arange(K))
+  _, own = alg.broadcast(state, jnp.arange(K))
+  sent, w_t = np.asarray(own["customized"]), flat(state.global_params)
+  assert np.abs(sent - w_t[None]).max() > 1e-3  # the customized models are not the global model
+  _, unravel = ravel_pytree(params)
+  d = np.random.default_rng(3).normal(scale=0.01, size=sent.shape).astype(np.float32)
+  new, _ = alg.server_update(state, {"delta": jax.vmap(unravel)(jnp.asarray(d))}, cdata.n.astype(jnp.float32),
+                             jax.random.key(1), jnp.arange(K))
+  np.testing.assert_allclose(np.asarray(new.pool_models), sent + d, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(new.pool_updates), d + (sent - w_t[None]), atol=1e-6)
+  np.testing.assert_allclose(flat(new.request_reference), w_t, atol=0)  # the reference the pool was calibrated on
+
+
+def test_sign_flip_is_not_flagged_at_round_zero_p13():
+  """A sign-flipped upload has the honest norm, so with honest norms under T_norm it passes round-0 detection and
+  enters the pool as -d (its calibrated update, P4)."""
+  from fedjax_robust.attacks.model_poisoning import sign_flip
+
+  data, params, apply_fn, _ = fedcap_parts()
+  pools = {}
+  for name, transform in (("honest", None),
+                          ("flipped", as_upload_transform(sign_flip(), np.array([False, True, False, False])))):
+    alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, norm_threshold=10.0)
+    sim = Simulator(alg, data, apply_fn, make_strategy("vmap"), upload_transform=transform)
+    state, metrics = sim.run_round(sim.init(params, 0))
+    assert not np.asarray(state.server.removed).any()
+    pools[name] = np.asarray(state.server.pool_updates)
+  honest, flipped = pools["honest"], pools["flipped"]
+  assert 0 < np.linalg.norm(honest[1]) < 10.0
+  np.testing.assert_allclose(flipped[1], -honest[1], atol=1e-6)
+  np.testing.assert_allclose(flipped[[0, 2, 3]], honest[[0, 2, 3]], atol=1e-6)
+
+
+def test_no_personalization_trains_only_the_customized_model_p21():
+  """Table IV ① / ③: personalize=False keeps no v_k, uploads the same d_k (w never depends on v, P18), and reports the
+  customized model as the personalized one."""
+  data, params, _, alg = fedcap_parts(personalize=False)
+  _, _, _, alg_pers = fedcap_parts()
+  assert "v" not in alg.init_client(params) and "v" in alg_pers.init_client(params)
+  state = alg.init_server(params)
+  out, cdata = client_outputs(alg, params, data, state)
+  out_pers, _ = client_outputs(alg_pers, params, data, state)
+  assert out.state == {}
+  assert_trees_close(out.upload["delta"], out_pers.upload["delta"], atol=1e-6)
+  new, _ = alg.server_update(state, out.upload, cdata.n.astype(jnp.float32), jax.random.key(1), jnp.arange(K))
+  shared, own = alg.broadcast(new, jnp.arange(K))
+  c0 = jax.tree.map(lambda a: a[0], cdata)
+  scored = alg.personal_params((shared, jax.tree.map(lambda a: a[0], own)), {}, c0, jax.random.key(2))
+  assert_trees_close(scored["personalized"], scored["customized"], atol=0)
+  np.testing.assert_allclose(flat(scored["customized"]), np.asarray(own["customized"][0]), atol=1e-6)
 
 
 def test_detection_summary_p22():
