@@ -65,13 +65,14 @@ def test_scale_invariance_p9_and_large_alpha_p10():
   base = weights_of(upd[[1]], [1], [False], upd, valid, 10.0, 0.3)
   scaled = weights_of(3.0 * upd[[1]], [1], [False], 5.0 * upd, valid, 10.0, 0.3)
   np.testing.assert_allclose(base, scaled, atol=1e-6)
+  cos_to = lambda j: (upd @ upd[j]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[j]))
   # c < 0 flips the sign of every similarity of that request: the softmax of -α·cos
-  sims1 = (upd @ upd[1]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[1]))
+  sims1 = cos_to(1)
   flipped = weights_of(-2.0 * upd[[1]], [1], [False], upd, valid, 10.0, 0.3)[0]
   e = np.exp(-10.0 * sims1 - (-10.0 * sims1).max())
   np.testing.assert_allclose(flipped, e / e.sum(), atol=1e-6)
   assert np.argmax(flipped) == np.argmin(base[0])
-  sims = (upd @ upd[0]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[0]))
+  sims = cos_to(0)
   hot = weights_of(upd[[0]], [0], [False], upd, valid, 1e4, 0.3)[0]
   assert hot[np.argmax(sims)] == pytest.approx(1.0, abs=1e-6)  # the request's own row, cos = 1
   pooled = weights_of(upd[[0]], [0], [True], upd, valid, 1e4, 0.3)[0]
@@ -234,7 +235,7 @@ def test_sign_flip_is_not_flagged_at_round_zero_p13():
                           ("flipped", as_upload_transform(sign_flip(), np.array([False, True, False, False])))):
     alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, norm_threshold=10.0)
     sim = Simulator(alg, data, apply_fn, make_strategy("vmap"), upload_transform=transform)
-    state, metrics = sim.run_round(sim.init(params, 0))
+    state, _ = sim.run_round(sim.init(params, 0))
     assert not np.asarray(state.server.removed).any()
     pools[name] = np.asarray(state.server.pool_updates)
   honest, flipped = pools["honest"], pools["flipped"]
