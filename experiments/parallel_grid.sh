@@ -21,7 +21,7 @@ case "$grid" in
   fedcap) script=$here/fedcap_tables.py; flag=--scenarios
           shards="none label_flip sign_flip scaling lie min_max min_sum ipm" ;;
   baselines) script=$here/byzantine_baselines.py; flag=--rules
-          shards="mean multi_krum median rfa trimmed_mean clustered fltrust" ;;
+          shards="mean multi_krum median rfa trimmed_mean clustered fltrust rfa_vector" ;;
   ablation) script=$here/fedcap_tables.py; mode=(--mode ablation); flag=--variants
           shards="v1 v2 v3 v4 v5" ;;
   personalized) script=$here/fedcap_tables.py; mode=(--mode personalized); flag=--methods
