@@ -25,6 +25,11 @@ def add_common_args(parser: argparse.ArgumentParser, out_dir: str | None) -> Non
   parser.add_argument("--shard", default="", help="write results.<shard>.json, so several processes (e.g. one per "
                       "cell group, on one GPU) can fill one out_dir; the table merges every results*.json there")
   parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir")
+  parser.add_argument("--checkpoint_every", type=int, default=0, metavar="N",
+                      help="save each cell's run state every N rounds (and after the last) in <cell>/checkpoints")
+  parser.add_argument("--resume", action="store_true",
+                      help="go on from each cell's latest checkpoint (a cell without one starts fresh): after a crash, "
+                      "or with a larger --rounds to extend finished cells")
   parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config field of every cell, e.g. --set data.samples_per_class=40 (repeatable; "
                       "the value is a Python literal, else a string)")
@@ -54,6 +59,7 @@ def apply_run_args(config, args):
   config.client.epochs = args.epochs
   config.data.data_dir = args.data_dir
   config.output.progress = False
+  config.output.checkpoint_every, config.output.resume = args.checkpoint_every, args.resume
   if args.strategy:
     config.engine.strategy = args.strategy
   return apply_overrides(config, args.set)

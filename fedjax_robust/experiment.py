@@ -16,7 +16,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ import numpy as np
 from fedjax_robust import attacks
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
+from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
@@ -132,6 +133,11 @@ def default_config() -> ml_collections.ConfigDict:
       "dir": "runs",
       "name": "",  # run sub-directory; default <dataset>_<algorithm>_<timestamp>
       "progress": True,
+      # Orbax checkpoints of the run state in <run dir>/checkpoints every N rounds and after the last (0 = none).
+      "checkpoint_every": 0,
+      # Go on from the run directory's latest checkpoint (e.g. after a crash, or with more rounds); the config may
+      # differ only in rounds, eval_every, output.* and engine.*. Without a checkpoint the run starts fresh.
+      "resume": False,
   })
   return c
 
@@ -339,19 +345,24 @@ def _jsonable(value):
 
 
 class RunWriter:
-  """Writes the run directory: config.json, partition.json, metrics.jsonl, metrics.csv, summary.json."""
+  """Writes the run directory: config.json, partition.json, metrics.jsonl, metrics.csv, summary.json.
+
+  ``records``: per-round records already logged (a resumed run's history), written first.
+  """
 
   CSV_FIELDS = ("round", "elapsed_s", "train_loss", "global_test_acc", "global_client_acc_weighted", "client_acc_mean",
                 "client_acc_weighted", "benign_acc_weighted", "global_benign_acc_weighted", "backdoor_asr",
                 "detection_tpr", "detection_fpr")
 
-  def __init__(self, run_dir: Path):
+  def __init__(self, run_dir: Path, records: Iterable[dict] = ()):
     self.dir = Path(run_dir)
     self.dir.mkdir(parents=True, exist_ok=True)
     self._jsonl = open(self.dir / "metrics.jsonl", "w")
     self._csv_file = open(self.dir / "metrics.csv", "w", newline="")
     self._csv = csv.DictWriter(self._csv_file, self.CSV_FIELDS, extrasaction="ignore")
     self._csv.writeheader()
+    for record in records:
+      self.log_round(record)
 
   def write_json(self, name: str, obj) -> None:
     (self.dir / name).write_text(json.dumps(_jsonable(obj), indent=2, default=str))
@@ -401,19 +412,80 @@ def round_record(round_index: int, metrics: dict) -> dict:
   return record
 
 
+# Config fields a resumed run may change: how long it runs and is evaluated, where and how it writes, and the
+# engine (strategies compute the same rounds). Anything else would make the resumed run a different experiment.
+RESUMABLE_CHANGES = ("rounds", "eval_every", "output.", "engine.")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def resume_mismatches(stored: dict, current: dict) -> list[str]:
+  """Dotted config keys on which a checkpointed run (``stored``) and the one resuming it (``current``) differ,
+  other than those in :data:`RESUMABLE_CHANGES`."""
+  a, b = _flatten(stored), _flatten(current)
+  keys = sorted(set(a) | set(b))
+  return [k for k in keys if a.get(k) != b.get(k) and not any(
+      k == c or (c.endswith(".") and k.startswith(c)) for c in RESUMABLE_CHANGES)]
+
+
+def _resume_point(config, run_dir: Path, checkpointer, config_json: dict) -> tuple[int, list[dict]]:
+  """``(completed rounds, their logged records)`` to go on from; ``(0, [])`` when there is no checkpoint."""
+  latest = checkpointer.latest_round
+  if latest is None:
+    logger.info("resume: no checkpoint in %s, starting fresh", checkpointer.directory)
+    return 0, []
+  stored = json.loads((run_dir / "config.json").read_text())
+  mismatched = resume_mismatches(stored, config_json)
+  if mismatched:
+    raise ValueError(f"cannot resume {run_dir}: its config differs on {mismatched} (only rounds, eval_every, "
+                     "output.* and engine.* may change); use another run directory or resume=False")
+  if latest > config.rounds:
+    raise ValueError(f"cannot resume {run_dir} with rounds={config.rounds}: its checkpoint is after {latest} rounds")
+  metrics_path = run_dir / "metrics.jsonl"
+  records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+  records = [r for r in records if r["round"] <= latest]  # rounds logged after the checkpoint are redone
+  if [r["round"] for r in records] != list(range(1, latest + 1)):
+    raise ValueError(f"cannot resume {run_dir}: {metrics_path} does not hold rounds 1..{latest}")
+  logger.info("resuming %s after round %d of %d", run_dir, latest, config.rounds)
+  return latest, records
+
+
 def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike | None = None) -> dict:
   """Runs ``config.rounds`` rounds, evaluating every ``config.eval_every`` rounds and after the last one.
 
-  Returns the summary (also written to ``summary.json``).
+  With ``config.output.checkpoint_every`` > 0 the state is saved to ``<run_dir>/checkpoints`` every that many
+  rounds and after the last; with ``config.output.resume`` a run directory holding a checkpoint goes on from it
+  (its metrics files keep the rounds up to the checkpoint), which also extends a finished run to more rounds.
+  ``wall_time_s`` in the summary then adds up every session; ``rounds_per_s`` is this session's rounds over its
+  time. Returns the summary (also written to ``summary.json``).
   """
   if config.rounds < 1 or config.eval_every < 1:
     raise ValueError(f"rounds and eval_every must be >= 1, got {config.rounds}, {config.eval_every}")
+  if config.output.checkpoint_every < 0:
+    raise ValueError(f"output.checkpoint_every must be >= 0, got {config.output.checkpoint_every}")
   exp = build_experiment(config)
   if run_dir is None:
     name = config.output.name or f"{config.data.name}_{config.algorithm.name}_{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(config.output.dir) / name
-  writer = RunWriter(Path(run_dir))
-  writer.write_json("config.json", json.loads(config.to_json_best_effort()))
+  run_dir = Path(run_dir)
+  config_json = _jsonable(json.loads(config.to_json_best_effort()))
+  checkpoint_dir = run_dir / "checkpoints"
+  if not config.output.resume:
+    remove_checkpoints(checkpoint_dir)  # a fresh run must never be resumed from an earlier run's state
+  checkpointer = None
+  if config.output.checkpoint_every > 0 or config.output.resume:
+    checkpointer = RunCheckpointer(checkpoint_dir, config.output.checkpoint_every)
+  start, history = _resume_point(config, run_dir, checkpointer, config_json) if config.output.resume else (0, [])
+  writer = RunWriter(run_dir, history)
+  writer.write_json("config.json", config_json)
   writer.write_json("partition.json", partition_record(exp.data))
   if exp.malicious is not None:
     writer.write_json("malicious.json", {"malicious_clients": np.flatnonzero(exp.malicious).tolist(),
@@ -424,23 +496,27 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   logger.info("run directory: %s", writer.dir)
 
   state = exp.init_state()
+  if start:
+    state = checkpointer.restore(state, start)
+  earlier_s = history[-1]["elapsed_s"] if history else 0.0  # wall time of the sessions before this one
   t0 = time.perf_counter()
-  history = []
   bar = None
   if config.output.progress:
     from tqdm.auto import tqdm
-    bar = tqdm(total=config.rounds, unit="round", dynamic_ncols=True)
-  record: dict[str, Any] = {}
-  for t in range(1, config.rounds + 1):
+    bar = tqdm(total=config.rounds, initial=start, unit="round", dynamic_ncols=True)
+  record: dict[str, Any] = history[-1] if history else {}
+  for t in range(start + 1, config.rounds + 1):
     state, metrics = sim.run_round(state)
     record = round_record(t, metrics)
     if t % config.eval_every == 0 or t == config.rounds:
       record.update(sim.evaluate(state))
-    record["elapsed_s"] = time.perf_counter() - t0
+    record["elapsed_s"] = earlier_s + time.perf_counter() - t0
     if not math.isfinite(record["train_loss"]):
       logger.warning("round %d: train loss is %s", t, record["train_loss"])
-    writer.log_round(record)
+    writer.log_round(record)  # logged before the checkpoint: a checkpoint's rounds are always in the metrics
     history.append(record)
+    if checkpointer is not None:
+      checkpointer.save(state, force=t == config.rounds)
     if bar is not None:
       bar.update(1)
       postfix = {"loss": f"{record['train_loss']:.3f}"}
@@ -448,16 +524,24 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
         if key in record:
           postfix[key.replace("_test", "").replace("client_acc_mean", "client_acc")] = f"{record[key]:.3f}"
       bar.set_postfix(postfix)
+  if start == config.rounds:
+    # Resumed at the last round: nothing to run, but that round may not have been an evaluated one.
+    record.update(sim.evaluate(state))
+    writer.close()
+    writer = RunWriter(run_dir, history)
   if bar is not None:
     bar.close()
-  elapsed = time.perf_counter() - t0
+  if checkpointer is not None:
+    checkpointer.close()
+  session_s = time.perf_counter() - t0
   final = {k: v for k, v in record.items() if not k.endswith("client_acc")}
   summary = {
       "final": final,
       "final_client_acc": record.get("client_acc"),
       "rounds": config.rounds,
-      "wall_time_s": elapsed,
-      "rounds_per_s": config.rounds / elapsed,
+      "resumed_from_round": start,
+      "wall_time_s": earlier_s + session_s,
+      "rounds_per_s": (config.rounds - start) / session_s if config.rounds > start else None,
       "strategy": exp.strategy,
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],

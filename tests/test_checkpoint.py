@@ -1,0 +1,156 @@
+"""Checkpoints: a run stopped and resumed (or extended) is the same computation as one run straight through."""
+
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from fedjax_robust.checkpoint import RunCheckpointer
+from fedjax_robust.experiment import build_experiment, resume_mismatches, run_experiment
+from test_byzantine_e2e import byzantine_config
+from test_experiment import digits_config
+
+
+def metrics(run_dir):
+  """Per-round records without wall times (the only field that may differ between a run and its resumption)."""
+  return [{k: v for k, v in json.loads(line).items() if k != "elapsed_s"}
+          for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def fedcap_mr_config(rounds):
+  """Partial participation (request updates), MR attackers being removed: every part of FedCAP's server state."""
+  return byzantine_config("mean", "scaling", rounds=rounds, eval_every=2,
+                          **{"algorithm.name": "fedcap", "algorithm.fedcap.phi": 0.3, "server.participation": 0.6,
+                             "data.partition.name": "dirichlet", "data.partition.alpha": 0.3})
+
+
+@pytest.mark.parametrize("make_config", [
+    lambda rounds: digits_config(rounds=rounds, eval_every=2, **{"server.participation": 0.5}),
+    fedcap_mr_config,
+], ids=["fedavg_partial", "fedcap_mr_partial"])
+def test_extending_a_finished_run_equals_running_it_straight_through(tmp_path, make_config):
+  straight = make_config(6)
+  whole = run_experiment(straight, tmp_path / "straight")
+
+  first = make_config(3)
+  first.output.checkpoint_every = 2  # saves after rounds 2 and 3 (the last round always)
+  run_experiment(first, tmp_path / "resumed")
+  more = make_config(6)
+  more.output.resume = True
+  resumed = run_experiment(more, tmp_path / "resumed")
+
+  assert resumed["resumed_from_round"] == 3
+  got, want = metrics(tmp_path / "resumed"), metrics(tmp_path / "straight")
+  assert [r["round"] for r in got] == [1, 2, 3, 4, 5, 6]
+  # Round 3 was the last round of the short run, so it was evaluated there; the straight run did not evaluate it.
+  drop_eval = lambda r: {k: v for k, v in r.items() if r["round"] != 3 or k in want[2]}
+  assert [drop_eval(r) for r in got] == want
+  assert resumed["final_client_acc"] == whole["final_client_acc"]
+  assert len((tmp_path / "resumed" / "metrics.csv").read_text().splitlines()) == 1 + 6
+
+
+def test_a_crash_after_the_checkpoint_redoes_the_rounds_logged_after_it(tmp_path):
+  c = digits_config(rounds=5, eval_every=5)
+  c.output.checkpoint_every = 2
+  run_experiment(c, tmp_path / "run")
+  before = metrics(tmp_path / "run")
+  # Checkpoints are kept for rounds 4 and 5; losing 5 is a crash between logging round 5 and saving it.
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "5")
+  c.output.resume = True
+  summary = run_experiment(c, tmp_path / "run")
+  assert summary["resumed_from_round"] == 4
+  assert metrics(tmp_path / "run") == before
+
+
+def test_resuming_with_a_different_experiment_is_refused(tmp_path):
+  c = digits_config(rounds=2)
+  c.output.checkpoint_every = 1
+  run_experiment(c, tmp_path / "run")
+  other = digits_config(rounds=4, **{"client.lr": 0.5})
+  other.output.resume = True
+  with pytest.raises(ValueError, match=r"client\.lr"):
+    run_experiment(other, tmp_path / "run")
+  shorter = digits_config(rounds=1)
+  shorter.output.resume = True
+  with pytest.raises(ValueError, match="after 2 rounds"):
+    run_experiment(shorter, tmp_path / "run")
+
+
+def test_resume_mismatches_ignores_only_length_output_and_engine():
+  stored = {"rounds": 5, "eval_every": 5, "seed": 0, "output": {"dir": "a"}, "engine": {"strategy": "vmap"},
+            "client": {"lr": 0.1}}
+  current = {"rounds": 9, "eval_every": 3, "seed": 1, "output": {"dir": "b"}, "engine": {"strategy": "sequential"},
+             "client": {"lr": 0.1, "momentum": 0.9}}
+  assert resume_mismatches(stored, current) == ["client.momentum", "seed"]
+
+
+def test_a_fresh_run_removes_stale_checkpoints_and_resume_without_one_starts_fresh(tmp_path):
+  c = digits_config(rounds=2)
+  c.output.checkpoint_every = 1
+  run_experiment(c, tmp_path / "run")
+  assert (tmp_path / "run" / "checkpoints" / "2").exists()
+  fresh = digits_config(rounds=1)  # no checkpointing, not resuming: the old state must not survive
+  run_experiment(fresh, tmp_path / "run")
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+  resume = digits_config(rounds=2)
+  resume.output.resume = True  # nothing to resume: runs from round 1
+  summary = run_experiment(resume, tmp_path / "new")
+  assert summary["resumed_from_round"] == 0
+  assert [r["round"] for r in metrics(tmp_path / "new")] == [1, 2]
+
+
+def test_checkpointer_saves_every_n_rounds_and_restores_the_state_exactly(tmp_path):
+  exp = build_experiment(digits_config(rounds=3))
+  state = exp.init_state()
+  checkpointer = RunCheckpointer(tmp_path / "ckpt", every=2)
+  saved = []
+  for _ in range(3):
+    state, _ = exp.simulator.run_round(state)
+    saved.append(checkpointer.save(state))
+  assert saved == [False, True, False]
+  assert checkpointer.save(state, force=True) and checkpointer.latest_round == 3
+  restored = checkpointer.restore(exp.init_state())
+  assert int(restored.round) == 3
+  assert jnp.array_equal(jax.random.key_data(restored.key), jax.random.key_data(state.key))
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), restored.server, state.server))
+  at_two = checkpointer.restore(exp.init_state(), completed_rounds=2)
+  assert int(at_two.round) == 2
+  checkpointer.close()
+  with pytest.raises(ValueError, match=">= 0"):
+    RunCheckpointer(tmp_path / "bad", every=-1)
+
+
+def test_run_py_extends_a_checkpointed_run(tmp_path):
+  """The CLI path of the README: a 1-round run with checkpoints, then the same config resumed to 2 rounds."""
+  import subprocess
+  import sys
+
+  from test_experiment import REPO
+  cmd = [sys.executable, str(REPO / "experiments" / "run.py"), "--config", str(REPO / "experiments/configs/quickstart.py"),
+         "--config.output.progress=False", "--config.output.checkpoint_every=1", f"--run_dir={tmp_path / 'cli'}"]
+  first = subprocess.run(cmd + ["--config.rounds=1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+  assert first.returncode == 0, first.stderr[-3000:]
+  second = subprocess.run(cmd + ["--config.rounds=2", "--config.output.resume=True"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "resuming" in second.stderr
+  summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+  assert summary["resumed_from_round"] == 1 and summary["final"]["round"] == 2
+  assert [r["round"] for r in metrics(tmp_path / "cli")] == [1, 2]
+
+
+def test_grid_flags_reach_every_cell_config():
+  import argparse
+
+  from fedjax_robust.config_files import load_module
+  from test_experiment import REPO
+  grid = load_module(REPO / "experiments" / "grid.py")
+  parser = argparse.ArgumentParser()
+  grid.add_common_args(parser, "runs/x")
+  args = parser.parse_args(["--rounds", "7", "--checkpoint_every", "5", "--resume"])
+  c = grid.apply_run_args(digits_config(), args)
+  assert (c.rounds, c.output.checkpoint_every, c.output.resume) == (7, 5, True)
+  assert not grid.apply_run_args(digits_config(), parser.parse_args([])).output.resume
