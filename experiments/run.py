@@ -36,9 +36,10 @@ def main(argv):
     configure_cpu_devices(config.engine.cpu_devices)  # must precede the first JAX computation
   from fedjax_robust.experiment import run_experiment
   summary = run_experiment(config, _RUN_DIR.value)
+  speed = summary["rounds_per_s"]  # None when a resumed run had no rounds left to run
   print(json.dumps({"final": summary["final"], "wall_time_s": round(summary["wall_time_s"], 2),
-                    "rounds_per_s": round(summary["rounds_per_s"], 3), "strategy": summary["strategy"],
-                    "run_dir": summary["run_dir"]}, indent=2))
+                    "rounds_per_s": None if speed is None else round(speed, 3), "strategy": summary["strategy"],
+                    "resumed_from_round": summary["resumed_from_round"], "run_dir": summary["run_dir"]}, indent=2))
 
 
 if __name__ == "__main__":

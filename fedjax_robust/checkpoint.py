@@ -13,6 +13,7 @@ state of the same structure (the experiment's initial state), which also carries
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -25,6 +26,18 @@ from fedjax_robust.simulation import SimState
 logger = logging.getLogger("fedjax_robust")
 
 PyTree = Any
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """orbax logs some thirty INFO lines per save through absl; a run's log should say only that it saved."""
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.setLevel(max(level, logging.WARNING))
+  try:
+    yield
+  finally:
+    absl_logger.setLevel(level)
 
 
 def _is_typed_key(key: jax.Array) -> bool:
@@ -64,9 +77,10 @@ class RunCheckpointer:
     self.every = int(every)
     # Synchronous saves: a round's state is small next to a round's compute, and a finished save is on disk
     # before the next round starts, so a crash never leaves a half-written latest checkpoint behind.
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                                             enable_async_checkpointing=False))
+    with _quiet_orbax():
+      self._manager = ocp.CheckpointManager(
+          self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
+                                                               enable_async_checkpointing=False))
 
   @property
   def latest_round(self) -> Optional[int]:
@@ -79,8 +93,10 @@ class RunCheckpointer:
     due = self.every > 0 and completed % self.every == 0
     if not (due or force) or completed == self.latest_round:
       return False
-    self._manager.save(completed, args=self._ocp.args.StandardSave(state_to_tree(state)))
-    self._manager.wait_until_finished()
+    with _quiet_orbax():
+      self._manager.save(completed, args=self._ocp.args.StandardSave(state_to_tree(state)))
+      self._manager.wait_until_finished()
+    logger.info("saved the state after round %d to %s", completed, self.directory)
     return True
 
   def restore(self, template: SimState, completed_rounds: Optional[int] = None) -> SimState:
@@ -89,14 +105,16 @@ class RunCheckpointer:
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     abstract = jax.tree.map(self._ocp.utils.to_shape_dtype_struct, state_to_tree(template))
-    tree = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
+    with _quiet_orbax():
+      tree = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
     state = tree_to_state(tree, template)
     if int(state.round) != step:
       raise ValueError(f"checkpoint {step} in {self.directory} holds a state after {int(state.round)} rounds")
     return state
 
   def close(self) -> None:
-    self._manager.close()
+    with _quiet_orbax():
+      self._manager.close()
 
 
 def remove_checkpoints(directory: str | Path) -> None:

@@ -140,6 +140,11 @@ def test_run_py_extends_a_checkpointed_run(tmp_path):
   summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
   assert summary["resumed_from_round"] == 1 and summary["final"]["round"] == 2
   assert [r["round"] for r in metrics(tmp_path / "cli")] == [1, 2]
+  again = subprocess.run(cmd + ["--config.rounds=2", "--config.output.resume=True"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)  # nothing left to run: re-evaluates and reports, no rounds/s
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert '"resumed_from_round": 2' in again.stdout and '"rounds_per_s": null' in again.stdout
+  assert [r["round"] for r in metrics(tmp_path / "cli")] == [1, 2]
 
 
 def test_grid_flags_reach_every_cell_config():
