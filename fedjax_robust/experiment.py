@@ -3,7 +3,8 @@
 ``default_config()`` lists every field with its default; configs in
 ``experiments/configs/`` override what they need. ``run_experiment`` writes a
 run directory holding the resolved config, per-round metrics (JSONL and CSV),
-the partition (client label histograms) and a final summary.
+the partition (client label histograms), a final summary and, when asked, orbax
+checkpoints of the run state that a later run resumes from (``output.*``).
 """
 
 from __future__ import annotations
