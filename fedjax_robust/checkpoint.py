@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from fedjax_robust.simulation import SimState
 
@@ -107,6 +109,10 @@ class RunCheckpointer:
     abstract = jax.tree.map(self._ocp.utils.to_shape_dtype_struct, state_to_tree(template))
     with _quiet_orbax():
       tree = self._manager.restore(step, args=self._ocp.args.StandardRestore(abstract))
+    # orbax hands back arrays committed to the device they were saved from; a fresh state's arrays are uncommitted,
+    # which lets the jitted round place them itself (shard_map spreads the client axis over a device mesh, and a
+    # committed single-device input is refused there). So restore to the same footing as a fresh init.
+    tree = jax.tree.map(lambda a: jnp.asarray(np.asarray(a)), tree)
     state = tree_to_state(tree, template)
     if int(state.round) != step:
       raise ValueError(f"checkpoint {step} in {self.directory} holds a state after {int(state.round)} rounds")

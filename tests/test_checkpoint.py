@@ -28,8 +28,10 @@ def fedcap_mr_config(rounds):
 
 @pytest.mark.parametrize("make_config", [
     lambda rounds: digits_config(rounds=rounds, eval_every=2, **{"server.participation": 0.5}),
+    # The client axis over the 4 host devices of conftest.py: the restored state must be placeable on the mesh.
+    lambda rounds: digits_config(rounds=rounds, eval_every=2, **{"engine.strategy": "shard_map"}),
     fedcap_mr_config,
-], ids=["fedavg_partial", "fedcap_mr_partial"])
+], ids=["fedavg_partial", "fedavg_shard_map", "fedcap_mr_partial"])
 def test_extending_a_finished_run_equals_running_it_straight_through(tmp_path, make_config):
   straight = make_config(6)
   whole = run_experiment(straight, tmp_path / "straight")
