@@ -23,17 +23,18 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from flax import traverse_util
 
 from fedjax_robust import attacks
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
-from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
 from fedjax_robust.algorithms.fedfomo import make_fedfomo
 from fedjax_robust.algorithms.fedrod import make_fedrod
+from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
@@ -418,20 +419,10 @@ def round_record(round_index: int, metrics: dict) -> dict:
 RESUMABLE_CHANGES = ("rounds", "eval_every", "output.", "engine.")
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-  flat = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      flat.update(_flatten(value, f"{prefix}{key}."))
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
-
-
 def resume_mismatches(stored: dict, current: dict) -> list[str]:
   """Dotted config keys on which a checkpointed run (``stored``) and the one resuming it (``current``) differ,
   other than those in :data:`RESUMABLE_CHANGES`."""
-  a, b = _flatten(stored), _flatten(current)
+  a, b = traverse_util.flatten_dict(stored, sep="."), traverse_util.flatten_dict(current, sep=".")
   keys = sorted(set(a) | set(b))
   return [k for k in keys if a.get(k) != b.get(k) and not any(
       k == c or (c.endswith(".") and k.startswith(c)) for c in RESUMABLE_CHANGES)]
@@ -477,7 +468,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
     name = config.output.name or f"{config.data.name}_{config.algorithm.name}_{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(config.output.dir) / name
   run_dir = Path(run_dir)
-  config_json = _jsonable(json.loads(config.to_json_best_effort()))
+  config_json = json.loads(config.to_json_best_effort())
   checkpoint_dir = run_dir / "checkpoints"
   if not config.output.resume:
     remove_checkpoints(checkpoint_dir)  # a fresh run must never be resumed from an earlier run's state
@@ -485,7 +476,8 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   if config.output.checkpoint_every > 0 or config.output.resume:
     checkpointer = RunCheckpointer(checkpoint_dir, config.output.checkpoint_every)
   start, history = _resume_point(config, run_dir, checkpointer, config_json) if config.output.resume else (0, [])
-  writer = RunWriter(run_dir, history)
+  # Resumed at its last round, a run has nothing left to run but re-logs that round with an evaluation (below).
+  writer = RunWriter(run_dir, history[:-1] if start == config.rounds else history)
   writer.write_json("config.json", config_json)
   writer.write_json("partition.json", partition_record(exp.data))
   if exp.malicious is not None:
@@ -516,7 +508,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
       logger.warning("round %d: train loss is %s", t, record["train_loss"])
     writer.log_round(record)  # logged before the checkpoint: a checkpoint's rounds are always in the metrics
     history.append(record)
-    if checkpointer is not None:
+    if config.output.checkpoint_every > 0:
       checkpointer.save(state, force=t == config.rounds)
     if bar is not None:
       bar.update(1)
@@ -525,11 +517,9 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
         if key in record:
           postfix[key.replace("_test", "").replace("client_acc_mean", "client_acc")] = f"{record[key]:.3f}"
       bar.set_postfix(postfix)
-  if start == config.rounds:
-    # Resumed at the last round: nothing to run, but that round may not have been an evaluated one.
+  if start == config.rounds:  # that round may not have been an evaluated one
     record.update(sim.evaluate(state))
-    writer.close()
-    writer = RunWriter(run_dir, history)
+    writer.log_round(record)
   if bar is not None:
     bar.close()
   if checkpointer is not None:
