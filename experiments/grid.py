@@ -117,7 +117,8 @@ Record = Callable[[dict, Path, object], dict]
 def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict) -> dict:
   """Runs each ``(key, config, record)`` cell into ``out/<key>/`` and stores ``record(summary, run_dir, config)``
   (a dict holding ``value``, optionally ``models``) plus timing under ``results[key]``, rewriting
-  ``results_path`` after every cell."""
+  ``results_path`` after every cell. ``wall_s`` is this call's time; a cell resumed from a checkpoint also records
+  ``resumed_from_round`` and ``run_wall_time_s``, the run's training time summed over every session."""
   import jax
   from fedjax_robust.experiment import run_experiment
   for key, config, record in cells:
@@ -126,6 +127,8 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
     cell = record(summary, out / key, config)
     cell.update(wall_s=time.perf_counter() - t0, rounds_per_s=summary["rounds_per_s"], rounds=int(config.rounds),
                 epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"])
+    if summary["resumed_from_round"]:  # wall_s is this invocation only; the run's own clock spans every session
+      cell.update(resumed_from_round=summary["resumed_from_round"], run_wall_time_s=summary["wall_time_s"])
     results[key] = cell
     parts = ", ".join(f"{k} {v:.2f}" for k, v in cell.get("models", {}).items() if v is not None)
     print(f"{key:24s} {cell['value']:6.2f} ({parts}) {cell['wall_s']:.0f}s", flush=True)

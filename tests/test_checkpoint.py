@@ -161,3 +161,20 @@ def test_grid_flags_reach_every_cell_config():
   c = grid.apply_run_args(digits_config(), args)
   assert (c.rounds, c.output.checkpoint_every, c.output.resume) == (7, 5, True)
   assert not grid.apply_run_args(digits_config(), parser.parse_args([])).output.resume
+
+
+def test_a_resumed_grid_cell_records_where_it_resumed_and_the_runs_whole_wall_time(tmp_path):
+  """``wall_s`` times one invocation; for a cell finished across sessions the results file must also say so."""
+  from fedjax_robust.config_files import load_module
+  from test_experiment import REPO
+  grid = load_module(REPO / "experiments" / "grid.py")
+  record = lambda summary, run_dir, config: {"value": 100.0 * summary["final"]["client_acc_weighted"]}
+  first = digits_config(rounds=2, eval_every=1, **{"output.checkpoint_every": 1})
+  fresh = grid.run_cells([("cell", first, record)], tmp_path, tmp_path / "results.json", {})["cell"]
+  assert "resumed_from_round" not in fresh and "run_wall_time_s" not in fresh
+  more = digits_config(rounds=3, eval_every=1, **{"output.checkpoint_every": 1, "output.resume": True})
+  resumed = grid.run_cells([("cell", more, record)], tmp_path, tmp_path / "results.json", {})["cell"]
+  assert resumed["resumed_from_round"] == 2 and resumed["rounds"] == 3
+  stored = json.loads((tmp_path / "cell" / "summary.json").read_text())
+  assert resumed["run_wall_time_s"] == stored["wall_time_s"] > 0
+  assert json.loads((tmp_path / "results.json").read_text())["cell"]["resumed_from_round"] == 2
