@@ -149,12 +149,17 @@ def test_run_py_extends_a_checkpointed_run(tmp_path):
   assert [r["round"] for r in metrics(tmp_path / "cli")] == [1, 2]
 
 
+def grid_module():
+  """``experiments/grid.py``, the shared driver of the grid scripts (a script, not a package module)."""
+  from fedjax_robust.config_files import load_module
+  from test_experiment import REPO
+  return load_module(REPO / "experiments" / "grid.py")
+
+
 def test_grid_flags_reach_every_cell_config():
   import argparse
 
-  from fedjax_robust.config_files import load_module
-  from test_experiment import REPO
-  grid = load_module(REPO / "experiments" / "grid.py")
+  grid = grid_module()
   parser = argparse.ArgumentParser()
   grid.add_common_args(parser, "runs/x")
   args = parser.parse_args(["--rounds", "7", "--checkpoint_every", "5", "--resume"])
@@ -165,9 +170,7 @@ def test_grid_flags_reach_every_cell_config():
 
 def test_a_resumed_grid_cell_records_where_it_resumed_and_the_runs_whole_wall_time(tmp_path):
   """``wall_s`` times one invocation; for a cell finished across sessions the results file must also say so."""
-  from fedjax_robust.config_files import load_module
-  from test_experiment import REPO
-  grid = load_module(REPO / "experiments" / "grid.py")
+  grid = grid_module()
   record = lambda summary, run_dir, config: {"value": 100.0 * summary["final"]["client_acc_weighted"]}
   first = digits_config(rounds=2, eval_every=1, **{"output.checkpoint_every": 1})
   fresh = grid.run_cells([("cell", first, record)], tmp_path, tmp_path / "results.json", {})["cell"]
