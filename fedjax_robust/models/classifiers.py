@@ -52,7 +52,54 @@ def _flatten(x: jax.Array) -> jax.Array:
   return x.reshape((x.shape[0], -1))
 
 
-class FedAvgCNN(nn.Module):
+class _TwoConvCNN(nn.Module):
+  """The body the FedCAP artifact's three CNNs share.
+
+  conv k -> ReLU -> maxpool -> conv k -> ReLU -> maxpool -> flatten -> fc1
+  Dense(fc_dim) -> ReLU -> head Dense(num_classes), convolutions VALID, pools
+  kernel = stride = ``pool_window`` (floor). The subclasses fix the widths,
+  kernel and pool as class constants (not module fields: each is one paper's
+  architecture), so ``get_model`` accepts exactly num_classes, fc_dim,
+  init_scheme and conv_impl for each.
+  """
+
+  num_classes: int = 10
+  fc_dim: int = 512
+  init_scheme: str = "torch"
+  conv_impl: str = "xla"
+
+  conv_features = (32, 64)
+  kernel_size = (5, 5)
+  pool_window = (2, 2)
+  penultimate = "fc1"
+
+  def setup(self):
+    self.conv1 = TorchConv(self.conv_features[0], self.kernel_size,
+                           init_scheme=self.init_scheme, impl=self.conv_impl)
+    self.conv2 = TorchConv(self.conv_features[1], self.kernel_size,
+                           init_scheme=self.init_scheme, impl=self.conv_impl)
+    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+
+  @property
+  def feature_dim(self) -> int:
+    return self.fc_dim
+
+  def _pool(self, x: jax.Array) -> jax.Array:
+    return nn.max_pool(x, window_shape=self.pool_window,
+                       strides=self.pool_window, padding="VALID")
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    del train
+    x = self._pool(nn.relu(self.conv1(x)))
+    x = self._pool(nn.relu(self.conv2(x)))
+    return nn.relu(self.fc1(_flatten(x)))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))
+
+
+class FedAvgCNN(_TwoConvCNN):
   """PFLlib / FedCAP ``FedAvgCNN``.
 
   conv 5x5 32 VALID -> ReLU -> maxpool2 -> conv 5x5 64 VALID -> ReLU ->
@@ -63,36 +110,8 @@ class FedAvgCNN(nn.Module):
   878,538; fc_dim=512 on 28x28x1: 582,026.
   """
 
-  num_classes: int = 10
-  fc_dim: int = 512
-  init_scheme: str = "torch"
-  conv_impl: str = "xla"
 
-  penultimate = "fc1"
-
-  def setup(self):
-    self.conv1 = TorchConv(32, (5, 5), init_scheme=self.init_scheme,
-                           impl=self.conv_impl)
-    self.conv2 = TorchConv(64, (5, 5), init_scheme=self.init_scheme,
-                           impl=self.conv_impl)
-    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
-    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
-
-  @property
-  def feature_dim(self) -> int:
-    return self.fc_dim
-
-  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
-    del train
-    x = _pool2(nn.relu(self.conv1(x)))
-    x = _pool2(nn.relu(self.conv2(x)))
-    return nn.relu(self.fc1(_flatten(x)))
-
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    return self.head(self.features(x, train))
-
-
-class EMNISTCNN(nn.Module):
+class EMNISTCNN(_TwoConvCNN):
   """FedCAP EMNIST CNN: conv 16 k5 -> pool -> conv 32 k5 -> pool -> fc1 128 -> head.
 
   28x28x1, 62 classes: flatten 512, 86,910 parameters.
@@ -100,34 +119,11 @@ class EMNISTCNN(nn.Module):
 
   num_classes: int = 62
   fc_dim: int = 128
-  init_scheme: str = "torch"
-  conv_impl: str = "xla"
 
-  penultimate = "fc1"
-
-  def setup(self):
-    self.conv1 = TorchConv(16, (5, 5), init_scheme=self.init_scheme,
-                           impl=self.conv_impl)
-    self.conv2 = TorchConv(32, (5, 5), init_scheme=self.init_scheme,
-                           impl=self.conv_impl)
-    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
-    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
-
-  @property
-  def feature_dim(self) -> int:
-    return self.fc_dim
-
-  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
-    del train
-    x = _pool2(nn.relu(self.conv1(x)))
-    x = _pool2(nn.relu(self.conv2(x)))
-    return nn.relu(self.fc1(_flatten(x)))
-
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    return self.head(self.features(x, train))
+  conv_features = (16, 32)
 
 
-class HARCNN(nn.Module):
+class HARCNN(_TwoConvCNN):
   """FedCAP WISDM ``HARCNN``; input NHWC ``[B, 1, 200, 3]`` (H=1, W=time, C=axes).
 
   conv 32 k(1,5) -> ReLU -> maxpool (1,2)/(1,2) -> conv 64 k(1,5) -> ReLU ->
@@ -137,32 +133,9 @@ class HARCNN(nn.Module):
 
   num_classes: int = 6
   fc_dim: int = 64
-  init_scheme: str = "torch"
-  conv_impl: str = "xla"
 
-  penultimate = "fc1"
-
-  def setup(self):
-    self.conv1 = TorchConv(32, (1, 5), init_scheme=self.init_scheme,
-                           impl=self.conv_impl)
-    self.conv2 = TorchConv(64, (1, 5), init_scheme=self.init_scheme,
-                           impl=self.conv_impl)
-    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
-    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
-
-  @property
-  def feature_dim(self) -> int:
-    return self.fc_dim
-
-  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
-    del train
-    pool = lambda y: nn.max_pool(y, (1, 2), strides=(1, 2), padding="VALID")
-    x = pool(nn.relu(self.conv1(x)))
-    x = pool(nn.relu(self.conv2(x)))
-    return nn.relu(self.fc1(_flatten(x)))
-
-  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
-    return self.head(self.features(x, train))
+  kernel_size = (1, 5)
+  pool_window = (1, 2)
 
 
 class LeNet5(nn.Module):
