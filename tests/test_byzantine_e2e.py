@@ -16,12 +16,7 @@ def byzantine_config(aggregator="mean", attack="none", rounds=12, **extra):
   c.output.progress = False
   c.attack.name = attack
   c.aggregator.name = aggregator
-  for key, value in extra.items():
-    node = c
-    *path, leaf = key.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = value
+  c.update_from_flattened_dict(extra)  # dotted keys, e.g. 'algorithm.mu'
   return c
 
 

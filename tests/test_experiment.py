@@ -23,12 +23,7 @@ def digits_config(**overrides):
   c.data.partition.name = "dirichlet"
   c.data.partition.alpha = 0.5
   c.output.progress = False
-  for key, value in overrides.items():
-    node = c
-    *path, leaf = key.split(".")
-    for p in path:
-      node = node[p]
-    node[leaf] = value
+  c.update_from_flattened_dict(overrides)  # dotted keys, e.g. 'algorithm.mu'
   return c
 
 
