@@ -43,9 +43,9 @@ import jax.numpy as jnp
 from fedjax_robust.models.layers import TorchConv, TorchDense
 
 
-def _pool2(x: jax.Array) -> jax.Array:
-  """MaxPool2d(2) (kernel 2, stride 2, floor)."""
-  return nn.max_pool(x, window_shape=(2, 2), strides=(2, 2), padding="VALID")
+def _pool(x: jax.Array, window: tuple[int, int] = (2, 2)) -> jax.Array:
+  """MaxPool2d(window) (kernel = stride = window, floor); default MaxPool2d(2)."""
+  return nn.max_pool(x, window_shape=window, strides=window, padding="VALID")
 
 
 def _flatten(x: jax.Array) -> jax.Array:
@@ -85,14 +85,10 @@ class _TwoConvCNN(nn.Module):
   def feature_dim(self) -> int:
     return self.fc_dim
 
-  def _pool(self, x: jax.Array) -> jax.Array:
-    return nn.max_pool(x, window_shape=self.pool_window,
-                       strides=self.pool_window, padding="VALID")
-
   def features(self, x: jax.Array, train: bool = False) -> jax.Array:
     del train
-    x = self._pool(nn.relu(self.conv1(x)))
-    x = self._pool(nn.relu(self.conv2(x)))
+    x = _pool(nn.relu(self.conv1(x)), self.pool_window)
+    x = _pool(nn.relu(self.conv2(x)), self.pool_window)
     return nn.relu(self.fc1(_flatten(x)))
 
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -173,8 +169,8 @@ class LeNet5(nn.Module):
 
   def features(self, x: jax.Array, train: bool = False) -> jax.Array:
     del train
-    x = _pool2(nn.relu(self.conv1(x)))
-    x = _pool2(nn.relu(self.conv2(x)))
+    x = _pool(nn.relu(self.conv1(x)))
+    x = _pool(nn.relu(self.conv2(x)))
     x = nn.relu(self.fc1(_flatten(x)))
     return nn.relu(self.fc2(x))
 
