@@ -131,6 +131,25 @@ def test_ipm_is_minus_eps_times_benign_mean():
                              atol=1e-5)
 
 
+def test_statistics_never_read_rows_outside_the_reference():
+  """An attacker's own honest update is discarded under IPM (FedCAP's A8 reads the benign uploads only), so a
+  diverged (NaN / inf) attacker row, or a non-participating one, must not leak into the crafted vector: a dot
+  with a zero weight still reads the row (0 * nan = nan)."""
+  t = make_tree(8, seed=3)
+  u = flat(t)
+  ids, benign = [0, 5], [1, 2, 3, 4, 6, 7]
+  bad = jax.tree.map(lambda x: x.at[0].set(jnp.nan).at[5].set(jnp.inf), t)
+  out = run(attacks.ipm(), bad, mal_mask(8, ids))
+  for i in ids:
+    np.testing.assert_allclose(out[i], -8 * u[benign].mean(0), atol=1e-5)
+  # A non-participating NaN row is outside every statistic too (LIE over the 7 participants).
+  mask = jnp.arange(8) != 6
+  nan6 = jax.tree.map(lambda x: x.at[6].set(jnp.nan), t)
+  clean = run(attacks.lie(), t, mal_mask(8, [1]), {"mask": mask})
+  np.testing.assert_allclose(run(attacks.lie(), nan6, mal_mask(8, [1]), {"mask": mask})[1], clean[1], atol=1e-6)
+  assert np.all(np.isfinite(clean[1]))
+
+
 # ---------------------------------------------------------------------------------- Min-Max / Min-Sum
 def np_search(cond, gamma_init=2.0, step=1.0, tol=0.02, min_step=0.1):
   """FedCAP's loop (spec 2.2), verbatim."""

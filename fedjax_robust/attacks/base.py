@@ -152,9 +152,14 @@ def masked_mean_std(flat: jax.Array, sel: jax.Array, ddof: int = 1) -> tuple[jax
 
 
 def _column_sum(w: jax.Array, flat: jax.Array) -> jax.Array:
-  """``Σ_i w_i flat_i`` as a full-precision dot: XLA:CPU turned the ``sum(w[:, None] * flat, 0)`` form, with a
-  traced mask, into a loop ~100x slower (LIE at 100 x 100k: 2.6 s vs 0.03 s); the dot is fast on every backend."""
-  return jnp.dot(w, flat, precision=jax.lax.Precision.HIGHEST)
+  """``Σ_i w_i flat_i`` over the rows with ``w_i != 0`` only, as a full-precision dot.
+
+  Unselected rows are zeroed first, because a dot reads them: ``0 * nan = nan``. Without that, an attacker
+  whose own (discarded) training diverged would turn IPM's crafted ``-eps * mean(benign)`` into NaN, which
+  FedCAP's artifact, reading only the benign uploads, never does. The dot itself is for speed: XLA:CPU turned
+  the ``sum(w[:, None] * flat, 0)`` form, with a traced mask, into a loop ~100x slower (LIE at 100 x 100k: 2.6 s
+  vs 0.03 s)."""
+  return jnp.dot(w, jnp.where((w != 0)[:, None], flat, 0), precision=jax.lax.Precision.HIGHEST)
 
 
 def row_sq_dists(flat: jax.Array, point: jax.Array) -> jax.Array:
