@@ -195,6 +195,12 @@ class Simulator:
         "cohort": prep.cohort,
         **diagnostics,
     }
+    if self.malicious is not None:
+      # The attackers' own training is discarded by the attack, and may diverge (e.g. a drifting customized model
+      # under FedCAP without detection), so the benign clients' loss is the one to watch.
+      benign_steps = jnp.where(jnp.asarray(self.malicious)[prep.cohort], 0, steps)
+      metrics["benign_train_loss"] = (jnp.sum(jnp.where(benign_steps > 0, out.metrics["loss"], 0.0) * benign_steps)
+                                      / jnp.maximum(jnp.sum(benign_steps), 1))
     if self.malicious is not None and "flagged" in diagnostics:
       rates = detection_rates(diagnostics["flagged"], jnp.asarray(self.malicious)[prep.cohort])
       metrics.update({f"detection_{k}": v for k, v in rates.items()})

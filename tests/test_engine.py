@@ -1,5 +1,7 @@
 """The round engine: padded steps are no-ops, strategies agree, the plain loop agrees, determinism."""
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -276,3 +278,20 @@ def test_global_model_is_also_scored_on_client_splits():
   benign = [0, 2, 3]
   assert m["global_benign_acc_weighted"] == pytest.approx(correct[benign].sum() / data.n_test[benign].sum())
   assert m["benign_acc_weighted"] == pytest.approx(correct[benign].sum() / data.n_test[benign].sum())  # init models
+
+
+def test_benign_train_loss_ignores_a_diverged_attacker():
+  """The round's ``benign_train_loss`` averages the benign cohort only: with Local training (nothing shared), an
+  attacker whose own training is NaN leaves it bitwise unchanged, while ``train_loss`` turns NaN."""
+  data, params, apply_fn = setup()
+  mal = np.array([False, True, False, False])
+  alg = make_local(apply_fn, optax.sgd(0.1), LocalTrainSpec(epochs=1, batch_size=4))
+  clean = Simulator(alg, data, apply_fn, malicious=mal).run_round(Simulator(alg, data, apply_fn).init(params))[1]
+  x = np.array(data.x_train)
+  x[1] = np.nan
+  nan_data = dataclasses.replace(data, x_train=x)
+  sim = Simulator(alg, nan_data, apply_fn, malicious=mal)
+  diverged = sim.run_round(sim.init(params))[1]
+  assert np.isnan(float(diverged["train_loss"]))
+  assert float(diverged["benign_train_loss"]) == float(clean["benign_train_loss"])
+  assert float(clean["benign_train_loss"]) != pytest.approx(float(clean["train_loss"]), abs=1e-6)
