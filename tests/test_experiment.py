@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -448,3 +449,22 @@ def test_fedcap_tables_ditto_agr_table_merges_cells(tmp_path):
   assert "| Ditto+Trim. | — / 80.29 | — / 77.43 | — / 78.29 | 73.71 / 10.95 |" in table
   assert "| FedCAP | 84.50 / 84.29 | — / 84.00 | — / 84.38 | — / 84.29 |" in table
   assert "| Ditto | — / 82.10 | — / 79.33 | — / 79.33 | — / 10.95 |" in table
+
+
+def test_fedcap_drift_report_by_hand():
+  """experiments/fedcap_drift.py's per-round statistics on a 3-client pool (client 2 the attacker), alpha = 0 so
+  Eq. 5's softmax is uniform: each benign client puts (1 - phi) / 2 on the attacker."""
+  from types import SimpleNamespace
+
+  from experiments.fedcap_drift import pool_report
+  server = SimpleNamespace(pool_models=jnp.array([[0.0, 0.0], [2.0, 0.0], [1.0, 3.0]]),
+                           pool_updates=jnp.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]),
+                           pool_valid=jnp.ones(3, bool))
+  r = pool_report(server, np.array([False, False, True]), alpha=0.0, phi=0.3)
+  assert r["att_drift"] == pytest.approx(3.0) and r["ben_spread"] == pytest.approx(1.0)  # benign mean (1, 0)
+  assert r["w_ben_att_max"] == pytest.approx(0.35) and r["w_ben_att_mean"] == pytest.approx(0.35)
+  assert r["cos_ben_att_mean"] == pytest.approx(-0.5) and r["cos_ben_att_max"] == pytest.approx(0.0)
+  assert r["att_update_norm"] == pytest.approx(1.0) and r["ben_update_norm"] == pytest.approx(1.0)
+  # alpha = 10 moves client 0's weight off the attacker (cos -1 against cos 0 for client 1); client 1 keeps 0.35.
+  sharp = pool_report(server, np.array([False, False, True]), alpha=10.0, phi=0.3)
+  assert sharp["w_ben_att_mean"] == pytest.approx((0.35 + 0.7 * np.exp(-10) / (1 + np.exp(-10))) / 2)
