@@ -9,7 +9,8 @@ cell round by round and prints, from the server's pools after each round, what t
 * ``att_drift``: mean L2 distance of the attackers' recovered models from the benign clients' mean recovered model
   (``ben_spread``: the same for the benign clients);
 * ``w_ben_att_max`` / ``_mean``: the total customization weight (Eq. 5 with the self-weight, as
-  :func:`fedjax_robust.algorithms.fedcap.customization_weights` computes it) a benign client puts on the attackers;
+  :func:`fedjax_robust.algorithms.fedcap.customization_weights` computes it) a benign client puts on the attackers,
+  and ``w_ben_att_argmax`` the benign client that puts the most;
 * ``cos_ben_att_mean`` / ``_max``: cosine of the benign pool updates with the attackers';
 * ``benign_train_loss`` and the attackers' and benign clients' mean pool-update norms.
 
@@ -51,6 +52,7 @@ def pool_report(server, malicious: np.ndarray, alpha: float, phi: float) -> dict
   return {"att_drift": float(np.linalg.norm(models[mal] - benign_mean, axis=1).mean()),
           "ben_spread": float(np.linalg.norm(models[ben] - benign_mean, axis=1).mean()),
           "w_ben_att_max": float(w_ben_att.max()), "w_ben_att_mean": float(w_ben_att.mean()),
+          "w_ben_att_argmax": int(np.flatnonzero(ben)[np.argmax(w_ben_att)]),
           "cos_ben_att_mean": float(cos[ben][:, mal].mean()), "cos_ben_att_max": float(cos[ben][:, mal].max()),
           "att_update_norm": float(norms[mal].mean()), "ben_update_norm": float(norms[ben].mean())}
 
