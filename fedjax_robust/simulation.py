@@ -190,7 +190,7 @@ class Simulator:
     clients = _scatter(state.clients, prep.cohort, out.state)
     steps = out.metrics["steps"]
     metrics = {
-        "train_loss": jnp.sum(out.metrics["loss"] * steps) / jnp.maximum(jnp.sum(steps), 1),
+        "train_loss": _step_weighted_mean(out.metrics["loss"], steps),
         "local_steps": jnp.sum(steps),
         "cohort": prep.cohort,
         **diagnostics,
@@ -199,8 +199,7 @@ class Simulator:
       # The attackers' own training is discarded by the attack, and may diverge (e.g. a drifting customized model
       # under FedCAP without detection), so the benign clients' loss is the one to watch.
       benign_steps = jnp.where(jnp.asarray(self.malicious)[prep.cohort], 0, steps)
-      metrics["benign_train_loss"] = (jnp.sum(jnp.where(benign_steps > 0, out.metrics["loss"], 0.0) * benign_steps)
-                                      / jnp.maximum(jnp.sum(benign_steps), 1))
+      metrics["benign_train_loss"] = _step_weighted_mean(out.metrics["loss"], benign_steps)
     if self.malicious is not None and "flagged" in diagnostics:
       rates = detection_rates(diagnostics["flagged"], jnp.asarray(self.malicious)[prep.cohort])
       metrics.update({f"detection_{k}": v for k, v in rates.items()})
@@ -298,6 +297,12 @@ class Simulator:
       scored = scored[self.algorithm.eval_models[0]]
     metrics.update(_client_metrics(*scored, benign))
     return metrics
+
+
+def _step_weighted_mean(loss: jax.Array, steps: jax.Array) -> jax.Array:
+  """The cohort's loss per local step: ``Σ loss_c steps_c / Σ steps_c``. Clients with zero weight are not read
+  (``0 * nan = nan``), so a left-out client whose training diverged cannot turn the mean NaN."""
+  return jnp.sum(jnp.where(steps > 0, loss, 0.0) * steps) / jnp.maximum(jnp.sum(steps), 1)
 
 
 def _client_metrics(correct, count, benign: Optional[np.ndarray], prefix: str = "") -> dict[str, Any]:

@@ -286,12 +286,14 @@ def test_benign_train_loss_ignores_a_diverged_attacker():
   data, params, apply_fn = setup()
   mal = np.array([False, True, False, False])
   alg = make_local(apply_fn, optax.sgd(0.1), LocalTrainSpec(epochs=1, batch_size=4))
-  clean = Simulator(alg, data, apply_fn, malicious=mal).run_round(Simulator(alg, data, apply_fn).init(params))[1]
+
+  def first_round_metrics(d):
+    sim = Simulator(alg, d, apply_fn, malicious=mal)
+    return sim.run_round(sim.init(params))[1]
+
   x = np.array(data.x_train)
   x[1] = np.nan
-  nan_data = dataclasses.replace(data, x_train=x)
-  sim = Simulator(alg, nan_data, apply_fn, malicious=mal)
-  diverged = sim.run_round(sim.init(params))[1]
+  clean, diverged = first_round_metrics(data), first_round_metrics(dataclasses.replace(data, x_train=x))
   assert np.isnan(float(diverged["train_loss"]))
   assert float(diverged["benign_train_loss"]) == float(clean["benign_train_loss"])
   assert float(clean["benign_train_loss"]) != pytest.approx(float(clean["train_loss"]), abs=1e-6)
