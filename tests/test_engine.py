@@ -52,6 +52,8 @@ def setup(conv=False, data=None):
 
 
 def assert_trees_close(a, b, atol=1e-5):
+  """Same tree structure (a missing or extra leaf fails) and leaves equal to within atol / rtol 1e-5."""
+  assert jax.tree.structure(a) == jax.tree.structure(b), (jax.tree.structure(a), jax.tree.structure(b))
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=1e-5)
 

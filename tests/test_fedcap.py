@@ -47,8 +47,9 @@ def test_weights_are_on_the_simplex_p2(alpha, phi):
   w = weights_of(upd, np.arange(6), valid, upd, valid, alpha, phi)
   assert (w >= 0).all()
   np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-6)  # pooled rows and the request row of client 1 alike
-  assert (w[:, ~valid] == 0).all()  # nobody outside the pool gets weight
-  assert w[1, 1] == 0.0  # a request gets no self weight
+  assert (w[:, ~valid] == 0).all()  # nobody outside the pool gets weight (client 1's request included)
+  pooled_self = np.diag(w)[valid]
+  np.testing.assert_allclose(pooled_self, phi if valid.sum() > 1 else 1.0, atol=1e-6)  # Eq. 5: self weight phi
 
 
 def test_softmax_by_hand_and_self_weight():
@@ -65,6 +66,18 @@ def test_scale_invariance_p9_and_large_alpha_p10():
   base = weights_of(upd[[1]], [1], [False], upd, valid, 10.0, 0.3)
   scaled = weights_of(3.0 * upd[[1]], [1], [False], 5.0 * upd, valid, 10.0, 0.3)
   np.testing.assert_allclose(base, scaled, atol=1e-6)
+  # each pool row is normalized by its own norm: scaling one row (by any c > 0) leaves every weight unchanged
+  one_row = upd.copy()
+  one_row[2] *= 7.0
+  one_row[4] *= 0.05
+  np.testing.assert_allclose(weights_of(upd[[1]], [1], [False], one_row, valid, 10.0, 0.3), base, atol=1e-6)
+  # negating one pool row flips the sign of that similarity only
+  neg = upd.copy()
+  neg[4] *= -1.0
+  s = (upd @ upd[1]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[1]))
+  s[4] *= -1.0
+  e = np.exp(10.0 * (s - s.max()))
+  np.testing.assert_allclose(weights_of(upd[[1]], [1], [False], neg, valid, 10.0, 0.3)[0], e / e.sum(), atol=1e-6)
   cos_to = lambda j: (upd @ upd[j]) / (np.linalg.norm(upd, axis=1) * np.linalg.norm(upd[j]))
   # c < 0 flips the sign of every similarity of that request: the softmax of -α·cos
   sims1 = cos_to(1)
@@ -113,11 +126,12 @@ def test_phi_one_returns_own_recovered_model_p3_and_identical_pool_p8():
   state = state._replace(pool_models=models, pool_updates=models * 0.1 + 1.0, pool_valid=jnp.ones(K, bool))
   _, own = alg.broadcast(state, jnp.arange(K))
   np.testing.assert_allclose(own["customized"], models, atol=1e-6)
-  _, params2, _, alg2 = fedcap_parts(alpha=7.0, phi=0.2)
   same = jnp.broadcast_to(models[2], models.shape)
   state = state._replace(pool_models=same)
-  _, own = alg2.broadcast(state, jnp.arange(K))
-  np.testing.assert_allclose(own["customized"], same, atol=1e-5)
+  for alpha, phi in ((0.0, 0.0), (7.0, 0.2), (50.0, 0.9)):  # P8: any alpha, phi (and any pool updates)
+    _, _, _, alg2 = fedcap_parts(alpha=alpha, phi=phi)
+    _, own = alg2.broadcast(state, jnp.arange(K))
+    np.testing.assert_allclose(own["customized"], same, atol=1e-5)
 
 
 def client_outputs(alg, params, data, state, ids=None):
@@ -194,15 +208,24 @@ def test_detection_is_strict_nan_counts_and_removal_is_permanent_p11():
 
 
 def test_no_calibration_ablation_uses_raw_uploads_and_never_detects_p21():
-  _, params, _, alg = fedcap_parts(calibrate=False, norm_threshold=1e-6)
+  """Table IV ① / ④ (calibrate=False): the pool keeps the raw upload d_k as the similarity vector, also after round 0
+  when ŵ_k differs from w^t (where calibration would add ŵ_k - w^t), and nobody is ever flagged."""
+  data, params, _, alg = fedcap_parts(calibrate=False, norm_threshold=1e-6, alpha=2.0, phi=0.3)
   state = alg.init_server(params)
-  d = flat(params).shape[0]
+  out, cdata = client_outputs(alg, params, data, state)
+  weights = cdata.n.astype(jnp.float32)
+  state, diag = alg.server_update(state, out.upload, weights, jax.random.key(0), jnp.arange(K))
+  assert not np.asarray(state.removed).any() and not np.asarray(diag["flagged"]).any()  # norms far above 1e-6
+  _, own = alg.broadcast(state, jnp.arange(K))
+  sent, w_t = np.asarray(own["customized"]), flat(state.global_params)
+  assert np.abs(sent - w_t[None]).max() > 1e-3  # calibration would change the pool from here on
   _, unravel = ravel_pytree(params)
-  raw = np.random.default_rng(0).normal(size=(K, d)).astype(np.float32)
-  new, diag = alg.server_update(state, {"delta": jax.vmap(unravel)(jnp.asarray(raw))}, jnp.ones(K),
-                                jax.random.key(0), jnp.arange(K))
-  assert not np.asarray(new.removed).any()
-  np.testing.assert_allclose(np.asarray(new.pool_updates), raw, atol=1e-6)
+  raw = np.random.default_rng(0).normal(size=sent.shape).astype(np.float32)
+  new, _ = alg.server_update(state, {"delta": jax.vmap(unravel)(jnp.asarray(raw))}, weights,
+                             jax.random.key(1), jnp.arange(K))
+  assert not np.asarray(new.removed).any() and np.asarray(new.pool_valid).all()
+  np.testing.assert_allclose(np.asarray(new.pool_updates), raw, atol=1e-6)  # d_k, not d_k + (ŵ_k - w^t)
+  np.testing.assert_allclose(np.asarray(new.pool_models), sent + raw, atol=1e-5)  # recovery is unchanged (P5)
 
 
 def test_calibration_identity_after_round_zero_p6():
@@ -303,7 +326,6 @@ def test_request_branch_for_clients_outside_the_pool_p19():
   assert not np.allclose(flat(state.request_reference), flat(state.global_params), atol=1e-4)
   # client 3 was not in the pool: it trains E epochs of plain SGD from w^{t-1} for its request r_3
   w = weights_of(request[None], [3], [False], state.pool_updates, state.pool_valid, 3.0, 0.3)[0]
-  assert w[3] == 0.0  # no self weight
   np.testing.assert_allclose(customized, w @ np.asarray(state.pool_models), atol=1e-5)
 
 
