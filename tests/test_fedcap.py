@@ -630,3 +630,17 @@ def test_last_received_customized_models_for_evaluation_spec_6_item_8():
   _, params, apply_fn = setup()
   with pytest.raises(ValueError, match="eval_customized"):
     make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, eval_customized="stale")
+
+
+def test_global_weights_count_every_training_row_before_drop_last_spec_1_6():
+  """Eq. 6 through the engine: with ``drop_last`` (B = 3) clients of 7, 11, 4 and 9 rows train on 6, 9, 3 and 9,
+  but the global model weights them by 7, 11, 4 and 9 (spec §1.6: n_i is counted before ``drop_last``)."""
+  data, params, apply_fn = setup(data=make_data(sizes=(7, 11, 4, 9)))
+  alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K)
+  sim = Simulator(alg, data, apply_fn, make_strategy("vmap"))
+  state, _ = sim.run_round(sim.init(params, 0))
+  models = np.asarray(state.server.pool_models)  # round 0: the recovered models are the trained ones (P5)
+  assert np.asarray(state.server.pool_valid).all()
+  mean_over = lambda n: (np.asarray(n, np.float64)[:, None] * models).sum(0) / np.sum(n)
+  np.testing.assert_allclose(flat(state.server.global_params), mean_over([7, 11, 4, 9]), atol=1e-6)
+  assert not np.allclose(mean_over([7, 11, 4, 9]), mean_over([6, 9, 3, 9]), atol=1e-5)
