@@ -213,14 +213,22 @@ def test_min_max_min_sum_against_numpy_search(name, objective, squared, knowledg
 
 
 def test_min_max_perturbations_and_gamma():
+  """Each perturbation direction with gamma from FedCAP's search run here in numpy (not read back from the attack)."""
   t = make_tree(10, seed=5, loc=0.5)
   f = jnp.asarray(flat(t), jnp.float32)
   ref = jnp.ones(10, bool)
+  u = np.asarray(f, np.float64)
+  threshold = np.sqrt(((u[:, None] - u[None]) ** 2).sum(-1)).max()
+  mu = u.mean(0)
+  gammas = {}
   for pert in ["std", "unit_vec", "sign"]:
     crafted, gamma = mp.craft_min_max_sum(f, ref, "max", pert)
-    mu = np.asarray(f).mean(0)
-    dev = {"std": -np.asarray(f).std(0, ddof=1), "unit_vec": -mu / np.linalg.norm(mu), "sign": -np.sign(mu)}[pert]
-    np.testing.assert_allclose(crafted, mu + float(gamma) * dev, atol=1e-4)
+    dev = {"std": -u.std(0, ddof=1), "unit_vec": -mu / np.linalg.norm(mu), "sign": -np.sign(mu)}[pert]
+    cond = lambda g: np.sqrt(((u - (mu + g * dev)) ** 2).sum(-1)).max() <= threshold
+    gammas[pert] = np_search(cond)
+    assert float(gamma) == pytest.approx(gammas[pert], abs=1e-4), pert
+    np.testing.assert_allclose(crafted, mu + gammas[pert] * dev, atol=1e-4)
+  assert min(gammas.values()) > 0 and len({round(g, 4) for g in gammas.values()}) > 1  # nonzero, per direction
   with pytest.raises(ValueError, match="perturbation"):
     attacks.min_max(perturbation="bogus")
 
