@@ -111,12 +111,48 @@ def reported(final: dict, models: Iterable[str]) -> tuple[float, dict]:
   return max(present), accs
 
 
+# ------------------------------------------------------------------------------------------ per-round curves
+# metrics.jsonl scalar -> the cell's per-round list (index r-1 = round r), where the run logs it.
+PER_ROUND_SCALARS = {"train_loss": "train_loss_per_round", "benign_train_loss": "benign_train_loss_per_round",
+                     "num_removed": "num_removed_per_round"}
+
+
+def per_round_series(run_dir: Path) -> dict:
+  """A run's per-round curves, kept in its grid cell so a table can be checked without the run directory.
+
+  From ``metrics.jsonl`` (one record per round, 1..rounds, a resumed run's history included): each scalar of
+  ``PER_ROUND_SCALARS`` the run logs, and, for runs that log FedCAP's calibrated upload norms (Eq. 7's ||Δ̂_k||,
+  compared with T_norm), ``benign_max_upload_norm_per_round``: the largest norm among the round's cohort members
+  that are not attackers, i.e. how close the benign clients came to the threshold. ``malicious_clients`` comes
+  from ``malicious.json`` when the run wrote one (an attacked run); without it every client counts as benign.
+  """
+  rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+  rounds = [int(r["round"]) for r in rows]
+  if rounds != list(range(1, len(rows) + 1)):
+    raise ValueError(f"{run_dir / 'metrics.jsonl'} does not hold rounds 1..{len(rows)} in order")
+  series: dict = {}
+  malicious_file = run_dir / "malicious.json"
+  malicious = set()
+  if malicious_file.exists():
+    series["malicious_clients"] = json.loads(malicious_file.read_text())["malicious_clients"]
+    malicious = set(series["malicious_clients"])
+  for metric, name in PER_ROUND_SCALARS.items():
+    if rows and all(metric in r for r in rows):
+      series[name] = [r[metric] for r in rows]
+  if rows and all("calibrated_norms" in r for r in rows):
+    series["benign_max_upload_norm_per_round"] = [
+        max((n for k, n in zip(r["cohort"], r["calibrated_norms"]) if k not in malicious), default=None)
+        for r in rows]
+  return series
+
+
 Record = Callable[[dict, Path, object], dict]
 
 
 def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict) -> dict:
   """Runs each ``(key, config, record)`` cell into ``out/<key>/`` and stores ``record(summary, run_dir, config)``
-  (a dict holding ``value``, optionally ``models``) plus timing under ``results[key]``, rewriting
+  (a dict holding ``value``, optionally ``models``), the run's ``per_round_series`` and timing under
+  ``results[key]``, rewriting
   ``results_path`` after every cell. ``wall_s`` is this call's time; a cell resumed from a checkpoint also records
   ``resumed_from_round`` and ``run_wall_time_s``, the run's training time summed over every session."""
   import jax
@@ -124,7 +160,7 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
   for key, config, record in cells:
     t0 = time.perf_counter()
     summary = run_experiment(config, out / key)
-    cell = record(summary, out / key, config)
+    cell = {**per_round_series(out / key), **record(summary, out / key, config)}
     cell.update(wall_s=time.perf_counter() - t0, rounds_per_s=summary["rounds_per_s"], rounds=int(config.rounds),
                 epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"])
     if summary["resumed_from_round"]:  # wall_s is this invocation only; the run's own clock spans every session

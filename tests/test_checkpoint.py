@@ -181,3 +181,58 @@ def test_a_resumed_grid_cell_records_where_it_resumed_and_the_runs_whole_wall_ti
   stored = json.loads((tmp_path / "cell" / "summary.json").read_text())
   assert resumed["run_wall_time_s"] == stored["wall_time_s"] > 0
   assert json.loads((tmp_path / "results.json").read_text())["cell"]["resumed_from_round"] == 2
+  # the cell's curve spans the whole run, the rounds before the checkpoint included
+  assert resumed["train_loss_per_round"] == [r["train_loss"] for r in metrics(tmp_path / "cell")]
+  assert len(resumed["train_loss_per_round"]) == 3 and resumed["train_loss_per_round"][:2] == fresh["train_loss_per_round"]
+
+
+def _write_run(run_dir, rows, malicious=None):
+  run_dir.mkdir()
+  (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  if malicious is not None:
+    (run_dir / "malicious.json").write_text(json.dumps({"malicious_clients": malicious}))
+
+
+def test_per_round_series_of_a_hand_written_fedcap_run(tmp_path):
+  """The largest calibrated norm among each round's benign cohort members; attackers (malicious.json) left out;
+  a round whose cohort holds only attackers has none."""
+  grid = grid_module()
+  rows = [{"round": 1, "train_loss": 2.0, "benign_train_loss": 1.5, "num_removed": 0, "cohort": [0, 1, 2],
+           "calibrated_norms": [1.0, 5.0, 2.0]},
+          {"round": 2, "train_loss": 1.0, "benign_train_loss": 0.5, "num_removed": 1, "cohort": [1],
+           "calibrated_norms": [7.0]}]
+  _write_run(tmp_path / "attacked", rows, malicious=[1])
+  assert grid.per_round_series(tmp_path / "attacked") == {
+      "malicious_clients": [1], "train_loss_per_round": [2.0, 1.0], "benign_train_loss_per_round": [1.5, 0.5],
+      "num_removed_per_round": [0, 1], "benign_max_upload_norm_per_round": [2.0, None]}
+  _write_run(tmp_path / "clean", rows)  # no malicious.json: every client is benign
+  assert grid.per_round_series(tmp_path / "clean")["benign_max_upload_norm_per_round"] == [5.0, 7.0]
+
+
+def test_per_round_series_keeps_only_what_every_round_logs_and_rejects_a_gappy_log(tmp_path):
+  grid = grid_module()
+  _write_run(tmp_path / "fedavg", [{"round": 1, "train_loss": 2.0}, {"round": 2, "train_loss": 1.0, "num_removed": 0}])
+  assert grid.per_round_series(tmp_path / "fedavg") == {"train_loss_per_round": [2.0, 1.0]}
+  _write_run(tmp_path / "gap", [{"round": 1, "train_loss": 2.0}, {"round": 3, "train_loss": 1.0}])
+  with pytest.raises(ValueError, match="rounds 1..2"):
+    grid.per_round_series(tmp_path / "gap")
+
+
+def test_keep_cell_copies_a_cell_with_its_command_and_never_overwrites_silently(tmp_path):
+  from fedjax_robust.config_files import load_module
+  from test_experiment import REPO
+  keep = load_module(REPO / "experiments" / "keep_cell.py")
+  source = tmp_path / "results.a.json"
+  source.write_text(json.dumps({"a__none": {"value": 81.5, "train_loss_per_round": [2.0, 1.0]}}))
+  target = tmp_path / "kept.json"
+  target.write_text(json.dumps({"old": {"value": 1.0}}))
+  keep.keep_cell(source, "a__none", target, "a__none@r2", "python run.py")
+  assert json.loads(target.read_text()) == {
+      "old": {"value": 1.0},
+      "a__none@r2": {"value": 81.5, "train_loss_per_round": [2.0, 1.0], "command": "python run.py"}}
+  with pytest.raises(ValueError, match="--replace"):
+    keep.keep_cell(source, "a__none", target, "a__none@r2", "python other.py")
+  assert keep.keep_cell(source, "a__none", target, "a__none@r2", "python other.py", replace=True)["command"] == \
+      "python other.py"
+  with pytest.raises(KeyError, match="no cell 'b'"):
+    keep.keep_cell(source, "b", target, "b", "x")

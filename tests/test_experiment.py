@@ -413,6 +413,12 @@ def test_fedcap_tables_mode_records_detection(tmp_path, shared_data, data_cache_
   assert [k for k, n in zip(first["cohort"], first["calibrated_norms"]) if not n <= 0.1] == [1, 8, 10, 17, 18, 19]
   assert cell["removed_round"] == {"1": 1, "8": 1, "10": 1, "17": 1, "18": 1, "19": 1}
   assert (cell["dacc"], cell["fpr"], cell["fnr"]) == (100.0, 0.0, 0.0)
+  # The per-round curves travel with the cell (grid.per_round_series): removals and how close benign uploads came.
+  assert cell["malicious_clients"] == [1, 8, 10, 17, 18, 19] and cell["num_removed_per_round"] == [6, 6]
+  assert cell["benign_max_upload_norm_per_round"] == [
+      max(n for k, n in zip(row["cohort"], row["calibrated_norms"]) if k not in cell["malicious_clients"])
+      for row in metrics]
+  assert cell["train_loss_per_round"] == [row["train_loss"] for row in metrics]
   assert f"| MR | {cell['value']:.2f} / 84.1 |" in table and "| 100 / 100 | 0 / 0 | 0 / 0 |" in table
 
 
