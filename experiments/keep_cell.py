@@ -8,7 +8,9 @@ per-round curves included) and says how to rerun it::
       experiments/results/fedcap_fig7_benign_cpu_r100.json --as ditto__none@r100 \\
       --command "python experiments/fedcap_tables.py --mode personalized --methods ditto ..."
 
-An existing key is only replaced with ``--replace``, so a kept number is never overwritten by accident.
+The cell's run directory (``<source's folder>/<cell>``), when present, supplies the per-round curves
+(``grid.per_round_series``) a cell written before the grid kept them lacks; what the cell holds wins. An existing
+key is only replaced with ``--replace``, so a kept number is never overwritten by accident.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+
+def _grid():
+  """``grid.py`` beside this script (the experiments folder is scripts, not a package)."""
+  from fedjax_robust.config_files import load_module
+  return load_module(Path(__file__).with_name("grid.py"))
 
 
 def keep_cell(source: Path, cell: str, target: Path, key: str, command: str, replace: bool = False) -> dict:
@@ -26,7 +34,9 @@ def keep_cell(source: Path, cell: str, target: Path, key: str, command: str, rep
   kept = json.loads(target.read_text()) if target.exists() else {}
   if key in kept and not replace:
     raise ValueError(f"{target} already holds {key!r}; pass --replace to overwrite it")
-  kept[key] = {**cells[cell], "command": command}
+  run_dir = source.parent / cell
+  curves = _grid().per_round_series(run_dir) if (run_dir / "metrics.jsonl").exists() else {}
+  kept[key] = {**curves, **cells[cell], "command": command}
   target.write_text(json.dumps(kept, indent=1) + "\n")
   return kept[key]
 

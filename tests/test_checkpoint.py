@@ -236,3 +236,9 @@ def test_keep_cell_copies_a_cell_with_its_command_and_never_overwrites_silently(
       "python other.py"
   with pytest.raises(KeyError, match="no cell 'b'"):
     keep.keep_cell(source, "b", target, "b", "x")
+  # a cell written before the grid kept curves gets them from its run directory; the cell's own fields win
+  source.write_text(json.dumps({"old__none": {"value": 70.0, "train_loss_per_round": [9.0]}}))
+  _write_run(tmp_path / "old__none", [{"round": 1, "train_loss": 2.0, "num_removed": 3}], malicious=[4])
+  assert keep.keep_cell(source, "old__none", target, "old__none@r1", "c") == {
+      "malicious_clients": [4], "train_loss_per_round": [9.0], "num_removed_per_round": [3], "value": 70.0,
+      "command": "c"}
