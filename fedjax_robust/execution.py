@@ -11,6 +11,26 @@ A strategy maps ``fn`` over the leading axis of the arguments whose ``in_axes``
 entry is 0, broadcasting those marked ``None`` — the same contract as
 ``jax.vmap``. ``traceable`` says whether ``map`` may be called inside ``jit``
 (the sequential reference runs a Python loop of jitted calls instead).
+
+Placement. Every strategy also says where the population's arrays live:
+``place_clients(tree)`` for pytrees with a leading client axis ``K`` (per-client
+train/test data, the stacked client state) and ``place_replicated(tree)`` for
+what every client reads (server state, the global test set). Under
+``shard_map`` the client axis is sharded over the 1-D ``'clients'`` mesh with
+``NamedSharding(mesh, P('clients'))`` — each device holds ``K / devices`` rows
+instead of a full replica — and the rest is replicated with
+``NamedSharding(mesh, P())``; for ``vmap`` and the sequential loop both are the
+identity (one device, JAX's default placement). Inside a jitted round the
+cohort gather ``tree[cohort]`` from sharded client state and the ``shard_map``
+over the gathered cohort are partitioned by XLA (``tests/test_sharding.py``).
+
+Padding. A cohort of ``C`` clients that does not divide the device count is
+padded to the next multiple with *masked slots*: rows of zeros (for
+``ClientData(x, y, n)`` that is ``n = 0``, a client with no data, so the
+client kernel does zero real steps — an exact no-op), a fixed valid key
+(``jax.random.key(0)``) for typed PRNG-key leaves. The padded slots' outputs
+are dropped, so they never reach aggregation; they are never copies of a real
+client.
 """
 
 from __future__ import annotations
@@ -22,7 +42,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 logger = logging.getLogger("fedjax_robust.execution")
 
@@ -38,6 +58,26 @@ def _leading_size(in_axes: Sequence[int | None], args: Sequence[Any]) -> int:
   raise ValueError("at least one argument must be mapped (in_axes entry 0)")
 
 
+def _masked_rows(a, count: int):
+  """``count`` masked-slot rows shaped like ``a[0]``: zeros, or a fixed valid key for typed PRNG keys.
+
+  Zeros make a client with no data (``n = 0``: zero local steps) and zero
+  weights/flags; a typed key array gets ``jax.random.key(0)`` of the same
+  implementation, since raw zero key data is not guaranteed valid for every
+  key implementation.
+  """
+  if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+    return jnp.broadcast_to(jax.random.key(0, impl=jax.random.key_impl(a)), (count,) + a.shape[1:])
+  return jnp.zeros((count,) + a.shape[1:], a.dtype)
+
+
+def _pad_masked(a, count: int):
+  """``a`` with ``count`` masked-slot rows appended along the leading (client) axis."""
+  if not isinstance(a, jax.Array):
+    a = jnp.asarray(a)
+  return jnp.concatenate([a, _masked_rows(a, count)], axis=0)
+
+
 class VmapStrategy:
   """All clients in one program on one device, via ``jax.vmap``."""
 
@@ -47,13 +87,35 @@ class VmapStrategy:
   def map(self, fn: Callable, in_axes: Sequence[int | None], *args):
     return jax.vmap(fn, in_axes=tuple(in_axes))(*args)
 
+  def place_clients(self, tree):
+    """Identity: one device holds every client."""
+    return tree
+
+  def place_replicated(self, tree):
+    """Identity: one device."""
+    return tree
+
 
 class ShardMapStrategy:
   """The client axis split over a 1-D device mesh; each device ``vmap``s its share.
 
-  Cohorts that do not divide the device count are padded by repeating the first
-  client, and the padded outputs are dropped. On a CPU, call
-  :func:`configure_cpu_devices` before JAX starts to get several host devices.
+  What is sharded: the mapped (``in_axes`` 0) arguments of :meth:`map` enter
+  the ``shard_map`` with ``P('clients')`` (each device gets ``C / devices``
+  clients) and the broadcast ones with ``P()``; outputs leave sharded the same
+  way. :meth:`place_clients` puts per-client data and the stacked client state
+  on the mesh with ``NamedSharding(mesh, P('clients'))``, and
+  :meth:`place_replicated` puts server state on every device
+  (``NamedSharding(mesh, P())``), so nothing per-client is replicated.
+
+  Padding: a cohort of ``C`` clients that does not divide the device count is
+  padded to the next multiple with masked slots — zero rows, i.e. clients with
+  no data (``n = 0``, zero local steps) and a fixed valid key — and the padded
+  outputs are dropped. A masked slot is never a copy of a real client. Its
+  outputs are whatever the one-client function returns for an empty client
+  (possibly ``0/0`` metrics); they are discarded before anyone reads them.
+
+  On a CPU, call :func:`configure_cpu_devices` before JAX starts to get several
+  host devices.
   """
 
   name = "shard_map"
@@ -63,14 +125,17 @@ class ShardMapStrategy:
     devices = list(devices if devices is not None else jax.devices())
     self.mesh = Mesh(np.array(devices), (CLIENT_AXIS,))
     self.num_devices = len(devices)
+    self._clients_sharding = NamedSharding(self.mesh, P(CLIENT_AXIS))
+    self._replicated = NamedSharding(self.mesh, P())
+    self._logged_sizes: set[int] = set()
 
   def map(self, fn: Callable, in_axes: Sequence[int | None], *args):
     in_axes = tuple(in_axes)
     size = _leading_size(in_axes, args)
     padded = -(-size // self.num_devices) * self.num_devices
     if padded != size:
-      pad_rows = lambda a: jnp.concatenate([a, jnp.repeat(a[:1], padded - size, axis=0)], axis=0)
-      args = tuple(jax.tree.map(pad_rows, a) if ax == 0 else a for ax, a in zip(in_axes, args))
+      pad = functools.partial(_pad_masked, count=padded - size)
+      args = tuple(jax.tree.map(pad, a) if ax == 0 else a for ax, a in zip(in_axes, args))
     specs = tuple(P(CLIENT_AXIS) if ax == 0 else P() for ax in in_axes)
     # check_vma=False: the one-client kernel is mesh-agnostic (e.g. a scan carry that starts from a
     # broadcast global model becomes client-varying), so shard_map's varying-axis typing must not apply.
@@ -78,6 +143,33 @@ class ShardMapStrategy:
                            out_specs=P(CLIENT_AXIS), check_vma=False)
     out = mapped(*args)
     return out if padded == size else jax.tree.map(lambda a: a[:size], out)
+
+  def place_clients(self, tree):
+    """Shards every leaf's leading client axis ``K`` over the mesh: ``NamedSharding(mesh, P('clients'))``.
+
+    Each device then holds ``K / devices`` rows. Rank-0 leaves are replicated.
+    When ``K`` does not divide the device count the leaf is replicated (XLA's
+    ``NamedSharding`` needs equal shards; padding the population would change
+    ``K`` for every caller), and the reason is logged once per ``K`` at INFO.
+    """
+    return jax.tree.map(self._place_client_leaf, tree)
+
+  def place_replicated(self, tree):
+    """Every leaf on every device of the mesh: ``NamedSharding(mesh, P())``."""
+    return jax.tree.map(lambda a: jax.device_put(a, self._replicated), tree)
+
+  def _place_client_leaf(self, a):
+    shape = np.shape(a)
+    if not shape:
+      return jax.device_put(a, self._replicated)
+    size = shape[0]
+    if size % self.num_devices == 0:
+      return jax.device_put(a, self._clients_sharding)
+    if size not in self._logged_sizes:
+      self._logged_sizes.add(size)
+      logger.info("place_clients: %d clients do not divide the %d devices of the mesh, so arrays with this "
+                  "leading axis stay replicated on every device instead of sharded", size, self.num_devices)
+    return jax.device_put(a, self._replicated)
 
 
 class SequentialStrategy:
@@ -99,6 +191,14 @@ class SequentialStrategy:
       client_args = [jax.tree.map(lambda a: a[i], a) if ax == 0 else a for ax, a in zip(in_axes, args)]
       outs.append(jitted(*client_args))
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+
+  def place_clients(self, tree):
+    """Identity: one device holds every client."""
+    return tree
+
+  def place_replicated(self, tree):
+    """Identity: one device."""
+    return tree
 
 
 def default_strategy_name(backend: str, has_conv: bool, num_devices: int) -> str:
