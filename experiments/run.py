@@ -34,7 +34,8 @@ def main(argv):
   from fedjax_robust.execution import configure_cpu_devices
   if config.engine.get("cpu_devices", 0):
     configure_cpu_devices(config.engine.cpu_devices)  # must precede the first JAX computation
-  from fedjax_robust.experiment import run_experiment
+  from fedjax_robust.experiment import apply_open_overrides, run_experiment
+  apply_open_overrides(config, _OPEN_OVERRIDES)
   summary = run_experiment(config, _RUN_DIR.value)
   speed = summary["rounds_per_s"]  # None when a resumed run had no rounds left to run
   print(json.dumps({"final": summary["final"], "wall_time_s": round(summary["wall_time_s"], 2),
@@ -42,5 +43,11 @@ def main(argv):
                     "resumed_from_round": summary["resumed_from_round"], "run_dir": summary["run_dir"]}, indent=2))
 
 
+_OPEN_OVERRIDES: list = []
+
 if __name__ == "__main__":
+  # Rule / attack / model parameters (--config.aggregator.num_byzantine=3, --config.attack.params.sigma=inf) are not
+  # fields of the default config, so they are taken out here and set after it loads (experiment.OPEN_GROUPS).
+  from fedjax_robust.experiment import split_open_overrides
+  sys.argv, _OPEN_OVERRIDES[:] = split_open_overrides(sys.argv)
   app.run(main)

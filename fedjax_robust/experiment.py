@@ -29,22 +29,20 @@ from fedjax_robust import attacks
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
-from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
-from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
-from fedjax_robust.algorithms.fedcap import make_fedcap
-from fedjax_robust.algorithms.fedfomo import make_fedfomo
-from fedjax_robust.algorithms.fedrod import make_fedrod
+from fedjax_robust.algorithms.registry import ALGORITHMS as ALGORITHM_REGISTRY
+from fedjax_robust.algorithms.registry import BuildContext, algorithm_entry, build_algorithm
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
-from fedjax_robust.models import get_model_from_config, init_params
+from fedjax_robust.models import as_model, get_model_from_config, make_model
 from fedjax_robust.optim import optimizer_from_config
+from fedjax_robust.sampling import sampler_from_config
 from fedjax_robust.simulation import SimState, Simulator
 
 logger = logging.getLogger("fedjax_robust")
 
-ALGORITHMS = ("fedavg", "fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod", "fedfomo")
+ALGORITHMS = tuple(ALGORITHM_REGISTRY)
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -64,6 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
       "fedrod_count_floor": 1e-8,  # FedRoD: class counts clamped below before the balanced-softmax log
       "fedrod_personal_generic": "local",  # FedRoD: personal head on the client's local generic model | global
       "local_trains_all": True,  # Local: all K clients train every round (FedCAP spec §3); False: the sampled cohort
+      # fedbn = FedAvg with every BatchNorm layer (scale, bias, running statistics) kept local (needs a BN model)
       # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py)
       "fedcap": ml_collections.ConfigDict({
           # defaults off the per-cell table: spec §6 item 12 (alpha 10 for label skew, 2 for feature skew; phi 0.1)
@@ -103,8 +102,12 @@ def default_config() -> ml_collections.ConfigDict:
       "momentum": 0.0,
       "participation": 1.0,  # fraction of clients sampled per round (cohort = round(fraction * K))
       "cohort_size": 0,  # if > 0, overrides participation
-      "root_dataset_size": 100,  # FLTrust: clean samples drawn from the pooled training data before poisoning
+      # Server-held clean data (FLTrust's root set, FLARE's auxiliary set): samples drawn from the pooled
+      # training data before poisoning; built when the rule declares it needs it.
+      "root_dataset_size": 100,
   })
+  # Cohort sampler: uniform | forced ("round:id+id,..." forced into those 1-indexed rounds, e.g. "10:3,25:3").
+  c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": ""})
   c.attack = ml_collections.ConfigDict({
       # Model poisoning of the malicious clients' uploads: none | sign_flip | scaling | gaussian | lie | min_max |
       # min_sum | ipm | fang_krum | fang_median | fang_trimmed_mean | boosting (fedjax_robust/attacks/registry.py).
@@ -114,6 +117,7 @@ def default_config() -> ml_collections.ConfigDict:
       "seed": 0,  # which clients are malicious
       "legacy_numpy_selection": False,  # FedCAP's np.random.seed(seed); choice(K, int(K*p)) ids
       "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above
+      "fields": "delta",  # upload fields the model attack poisons, comma-separated (e.g. "delta,loss")
       "data": ml_collections.ConfigDict(attacks.default_poison_config()),  # data poisoning: kind none | label_flip | backdoor | dba
   })
   c.aggregator = ml_collections.ConfigDict({
@@ -155,9 +159,10 @@ class Experiment:
   strategy: str
   unroll: bool | int
   malicious: np.ndarray | None = None
+  model_state: dict = dataclasses.field(default_factory=dict)  # BatchNorm statistics etc. ({} if none)
 
   def init_state(self) -> SimState:
-    return self.simulator.init(self.params, self.config.seed)
+    return self.simulator.init(self.params, self.config.seed, self.model_state or None)
 
 
 def _has_conv(params) -> bool:
@@ -174,21 +179,16 @@ def resolve_unroll(value, backend: str, has_conv: bool) -> bool | int:
 
 
 def cohort_size(config, num_clients: int) -> int:
-  """Clients per round. Local training has no server to sample for: by default every client trains every round
-  (FedCAP spec §3: "all K clients every round"), whatever ``server.participation`` says."""
+  """Clients per round. An algorithm may declare that every client trains every round (Local: FedCAP spec §3,
+  "all K clients every round"), whatever ``server.participation`` says."""
   frac = float(config.server.participation)
   if not 0 < frac <= 1:
     raise ValueError(f"server.participation must be in (0, 1], got {frac}")
-  if config.algorithm.name == "local" and config.algorithm.get("local_trains_all", True):
+  if algorithm_entry(config.algorithm.name).full_cohort(config):
     return num_clients
   if config.server.cohort_size:
     return int(config.server.cohort_size)
   return max(1, int(round(frac * num_clients)))
-
-
-def _uses_rule(cfg, rule: str) -> bool:
-  """Whether an aggregator config (or a wrapped ``inner`` one) is ``rule``."""
-  return cfg is not None and (cfg.get("name") == rule or _uses_rule(cfg.get("inner"), rule))
 
 
 def root_dataset(data, size: int, seed: int) -> ClientData:
@@ -201,71 +201,78 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
   return ClientData(jnp.asarray(data.x_train[k, i]), jnp.asarray(data.y_train[k, i], jnp.int32), jnp.int32(size))
 
 
-def _pair_forward(config) -> str:
-  """``engine.pair_forward``, checked for every algorithm (only Ditto and FedCAP train a pair)."""
-  engine = config.get("engine")
-  return check_pair_forward(str(engine.get("pair_forward", "separate")) if engine is not None else "separate")
+def make_algorithm(config, model, spec: LocalTrainSpec, aggregator=None, num_clients=None, cohort=None, attack=None,
+                   malicious=None) -> FedAlgorithm:
+  """The algorithm ``config.algorithm.name`` names, from the registry (``algorithms/registry.py``).
+  ``aggregator=None`` is the algorithm's default rule (the sample-weighted ``mean``)."""
+  ctx = BuildContext(config, as_model(model), optimizer_from_config(config.client), optimizer_from_config(config.server), spec,
+                     aggregator, int(num_clients), int(cohort or num_clients), attack, malicious)
+  return build_algorithm(config.algorithm.name, ctx)
 
 
-def make_algorithm(config, apply_fn, spec: LocalTrainSpec, aggregator=None, root_data=None, num_clients=None,
-                   cohort=None, features_fn=None, attack=None, malicious=None) -> FedAlgorithm:
-  """The algorithm ``config.algorithm.name`` describes. ``attack`` / ``malicious`` (the run's model attack and
-  ``[K]`` attacker mask) reach algorithms whose clients can be attacked outside the uploads (FedCAP's
-  poisoned customization requests, spec §2.3)."""
-  name = config.algorithm.name
-  pair_forward = _pair_forward(config)
-  client_opt = optimizer_from_config(config.client)
-  server_opt = optimizer_from_config(config.server)
-  persist = bool(config.client.persist_optimizer_state)
-  common = dict(persist_client_opt_state=persist, aggregator=aggregator, root_data=root_data)
-  if name == "fedavg":
-    return make_fedavg(apply_fn, client_opt, spec, server_opt, **common)
-  if name == "fedprox":
-    return make_fedavg(apply_fn, client_opt, spec, server_opt, mu=float(config.algorithm.mu), name="fedprox",
-                       **common)
-  if name == "fedavg_ft":
-    return make_fedavg(apply_fn, client_opt, spec, server_opt, finetune_epochs=int(config.algorithm.finetune_epochs),
-                       name="fedavg_ft", ft_mode=config.algorithm.ft_mode, **common)
-  if name in ("ditto", "fedrod", "fedfomo") and persist:
-    raise ValueError(f"algorithm {name!r} resets the client optimizer every round; "
-                     "leave client.persist_optimizer_state=False")
-  if name == "ditto":
-    return make_ditto(apply_fn, client_opt, spec, server_opt, lamda=float(config.algorithm.lamda),
-                      aggregator=aggregator, root_data=root_data, pair_forward=pair_forward)
-  if name == "fedrod":
-    return make_fedrod(apply_fn, client_opt, spec, server_opt, features_fn=features_fn,
-                       count_floor=float(config.algorithm.fedrod_count_floor), aggregator=aggregator,
-                       root_data=root_data,
-                       personal_generic=str(config.algorithm.get("fedrod_personal_generic", "local")))
-  if name == "local":
-    if aggregator is not None:
-      raise ValueError("algorithm 'local' aggregates nothing; leave aggregator.name='mean'")
-    return make_local(apply_fn, client_opt, spec)
-  if name == "fedcap":
-    if aggregator is not None:
-      raise ValueError("algorithm 'fedcap' aggregates with its own customized aggregation; leave aggregator.name='mean'")
-    f = config.algorithm.fedcap
-    request = f.request_updates
-    if request == "auto":
-      request = cohort is not None and cohort < num_clients
-    elif not isinstance(request, bool):
-      raise ValueError(f"algorithm.fedcap.request_updates must be 'auto', True or False, got {request!r}")
-    return make_fedcap(apply_fn, client_opt, spec, num_clients, alpha=float(f.alpha), phi=float(f.phi),
-                       lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
-                       personalize=bool(f.personalize), request_updates=bool(request),
-                       request_attack=attack if bool(f.get("poison_requests", True)) else None, malicious=malicious,
-                       pair_forward=pair_forward, sample_removed=bool(f.get("sample_removed", True)),
-                       eval_customized=str(f.get("eval_customized", "fresh")))
-  if name == "fedfomo":
-    if aggregator is not None:
-      raise ValueError("algorithm 'fedfomo' aggregates nothing globally (each client combines the models it is "
-                       "sent); leave aggregator.name='mean'")
-    f = config.algorithm.fedfomo
-    num_models = int(f.num_models) or max(1, (cohort or num_clients) // 2)
-    return make_fedfomo(apply_fn, client_opt, spec, num_clients, num_models=num_models,
-                        val_fraction=float(f.val_fraction), epsilon=float(f.epsilon),
-                        epsilon_decay=float(f.epsilon_decay))
-  raise ValueError(f"unknown algorithm {name!r}; choose one of {ALGORITHMS}")
+def _is_default_mean(agg_cfg) -> bool:
+  """``aggregator`` left at ``{name: mean}`` with no parameters (algorithms that aggregate nothing accept only it)."""
+  return agg_cfg is None or (agg_cfg.get("name") == "mean" and set(agg_cfg.keys()) <= {"name"})
+
+
+OPEN_GROUPS = ("aggregator", "attack.params", "model")  # config groups whose fields depend on the chosen rule
+
+
+def parse_override_value(text: str):
+  """A command-line value: int, float (``inf``, ``nan``), bool, ``none``, a list/dict literal, else the string."""
+  import ast
+  low = text.strip().lower()
+  if low in ("true", "false"):
+    return low == "true"
+  if low in ("none", "null"):
+    return None
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    try:
+      return float(text)  # inf, nan, 1e-3
+    except ValueError:
+      return text
+
+
+def split_open_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+  """Takes ``--config.<group>.<field>=value`` for the :data:`OPEN_GROUPS` out of ``argv``.
+
+  Those groups hold the chosen rule's / attack's / model's own parameters, which the default config cannot list,
+  so ``config_flags`` (which only overrides existing fields) would refuse them with an ``AttributeError``.
+  Returns the remaining argv and the ``(dotted key, raw value)`` pairs, in order.
+  """
+  rest, taken = [], []
+  for arg in argv:
+    if arg.startswith("--config.") and "=" in arg:
+      key, value = arg[len("--config."):].split("=", 1)
+      if any(key.startswith(g + ".") for g in OPEN_GROUPS):
+        taken.append((key, value))
+        continue
+    rest.append(arg)
+  return rest, taken
+
+
+def apply_open_overrides(config: ml_collections.ConfigDict, overrides) -> ml_collections.ConfigDict:
+  """Sets each ``(dotted key, raw value)`` on ``config``, creating fields in the open groups as needed."""
+  for key, raw in overrides:
+    value = parse_override_value(raw) if isinstance(raw, str) else raw
+    *path, leaf = key.split(".")
+    node = config
+    with node.unlocked():
+      for part in path:
+        if part not in node or node[part] is None:
+          node[part] = ml_collections.ConfigDict()
+        node = node[part]
+      if isinstance(node, ml_collections.ConfigDict):
+        with node.unlocked():
+          if leaf in node and node[leaf] is not None and value is not None and not isinstance(node[leaf], type(value)):
+            try:  # keep the field's type (e.g. an int override of a float field)
+              value = type(node[leaf])(value)
+            except (TypeError, ValueError):
+              raise ValueError(f"--config.{key}={raw}: expected a {type(node[leaf]).__name__}") from None
+          node[leaf] = value
+  return config
 
 
 def malicious_from_config(attack_cfg, num_clients: int) -> np.ndarray:
@@ -293,6 +300,13 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   malicious, attack, backdoor = None, None, None
   if attack_cfg is not None and (attack_cfg.name != "none" or attack_cfg.data.kind != "none"):
     malicious = malicious_from_config(attack_cfg, data.num_clients)
+    if not malicious.any():
+      raise ValueError(f"attack {attack_cfg.name!r} / data poisoning {attack_cfg.data.kind!r} is set but no client "
+                       f"is malicious (attack.fraction={attack_cfg.fraction} of {data.num_clients} clients rounds "
+                       "down to 0): raise attack.fraction or name attack.clients")
+    if malicious.all():
+      logger.warning("every client is malicious (attack.fraction=%s): benign-client metrics are undefined (NaN)",
+                     attack_cfg.fraction)
     logger.info("malicious clients (%d of %d): %s", malicious.sum(), data.num_clients, np.flatnonzero(malicious))
     clean = data
     data = attacks.poison_federated_data(data, malicious, attack_cfg.data)
@@ -305,9 +319,11 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
       backdoor = (x_bd, int(attack_cfg.data.target_label))
   else:
     clean = data
-  model = get_model_from_config(config.model, data.num_classes)
-  params = init_params(model, jax.random.key(config.seed), data.feature_shape)
-  apply_fn = lambda p, x: model.apply({"params": p}, x)
+  module = get_model_from_config(config.model, data.num_classes)
+  model = make_model(module)
+  variables = model.init(jax.random.key(config.seed), jnp.zeros((1,) + tuple(data.feature_shape), jnp.float32))
+  params = variables["params"]
+  model_state = {k: v for k, v in variables.items() if k != "params"}
   backend = jax.default_backend()
   conv = _has_conv(params)
   unroll = resolve_unroll(config.engine.unroll, backend, conv)
@@ -321,18 +337,26 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   strategy = make_strategy(strategy_name, config.engine.num_devices or None)
   cohort = cohort_size(config, data.num_clients)
   agg_cfg = config.get("aggregator")
-  aggregator, root_data = None, None
-  if agg_cfg is not None and agg_cfg.name != "mean":
-    aggregator = aggregator_from_config(agg_cfg, num_clients=cohort)
-    if _uses_rule(agg_cfg, "fltrust"):
-      root_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
-  features_fn = lambda p, x: model.apply({"params": p}, x, method="features")
-  algorithm = make_algorithm(config, apply_fn, spec, aggregator, root_data, num_clients=data.num_clients, cohort=cohort,
-                             features_fn=features_fn, attack=attack, malicious=malicious)
-  transform = attacks.as_upload_transform(attack, malicious) if attack is not None else None
-  simulator = Simulator(algorithm, data, apply_fn, strategy, cohort, upload_transform=transform,
-                        eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor)
-  return Experiment(config, data, model, params, algorithm, simulator, strategy_name, unroll, malicious)
+  entry = algorithm_entry(config.algorithm.name)
+  aggregator, server_data = None, None
+  if entry.aggregates:  # always through a rule: the default `mean` rule also screens non-finite uploads
+    aggregator = aggregator_from_config(agg_cfg if agg_cfg is not None else {"name": "mean"}, num_clients=cohort)
+    if aggregator.needs and set(aggregator.needs) & {"reference_update", "features"}:
+      server_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
+  elif not _is_default_mean(agg_cfg):
+    raise ValueError(f"algorithm {config.algorithm.name!r} does not aggregate with a server rule; leave "
+                     "aggregator.name='mean' with no parameters")
+  algorithm = make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
+                             attack=attack, malicious=malicious)
+  transform = None
+  if attack is not None:
+    fields = tuple(f for f in str(attack_cfg.get("fields", "delta")).replace(" ", "").split(",") if f)
+    transform = attacks.as_upload_transform(attack, malicious, fields=fields)
+  sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort)
+  simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
+                        eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
+                        server_data=server_data, sampler=sampler)
+  return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state)
 
 
 # ------------------------------------------------------------------------------------------ run directory

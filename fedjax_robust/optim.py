@@ -16,8 +16,12 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: fl
                    nesterov: bool = False, b1: float = 0.9, b2: float = 0.999,
                    eps: float = 1e-8) -> optax.GradientTransformation:
   """An optax optimizer by name; ``weight_decay`` is L2 added to the gradient for SGD/Adam (PyTorch semantics)."""
-  if lr <= 0:
-    raise ValueError(f"learning rate must be > 0, got {lr}")
+  import math
+  if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+    raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
+  for field, value in (("momentum", momentum), ("weight_decay", weight_decay)):
+    if not (math.isfinite(value) and value >= 0):
+      raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
   if name == "sgd":
     opt = optax.sgd(lr, momentum=momentum or None, nesterov=nesterov)
   elif name == "adam":

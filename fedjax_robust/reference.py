@@ -18,6 +18,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.client import LocalTrainSpec, epoch_permutations, masked_cross_entropy, steps_per_epoch
+from fedjax_robust.models.interface import as_model, stateless_apply
 from fedjax_robust.simulation import round_keys, sample_cohort
 
 PyTree = Any
@@ -40,8 +41,9 @@ def client_batches(x: np.ndarray, y: np.ndarray, n: int, spec: LocalTrainSpec, k
 class ReferenceFedAvg:
   """Sequential FedAvg / FedProx with plain server averaging (``w ← w + Σ n_k Δ_k / Σ n_k``)."""
 
-  def __init__(self, apply_fn: Callable, client_opt: optax.GradientTransformation, spec: LocalTrainSpec, data,
+  def __init__(self, apply_fn: Any, client_opt: optax.GradientTransformation, spec: LocalTrainSpec, data,
                cohort_size: int | None = None, mu: float = 0.0):
+    apply_fn = stateless_apply(as_model(apply_fn), "the reference FedAvg loop")
     self.client_opt, self.spec, self.mu = client_opt, spec, mu
     self.x, self.y, self.n = np.asarray(data.x_train), np.asarray(data.y_train), np.asarray(data.n_train)
     self.num_clients = len(self.n)
@@ -95,10 +97,11 @@ class ReferenceFedCAP:
   w^{t-1} (spec §1.4, §1.6; honest requests only).
   """
 
-  def __init__(self, apply_fn: Callable, client_opt: optax.GradientTransformation, spec: LocalTrainSpec, data,
+  def __init__(self, apply_fn: Any, client_opt: optax.GradientTransformation, spec: LocalTrainSpec, data,
                alpha: float = 10.0, phi: float = 0.3, lamda: float = 0.1, norm_threshold: float = 10.0,
                upload_transform: Callable | None = None, cohort_size: int | None = None,
                request_updates: bool = False):
+    apply_fn = stateless_apply(as_model(apply_fn), "the reference FedCAP loop")
     self.client_opt, self.spec = client_opt, spec
     self.request_updates = request_updates
     self.alpha, self.phi, self.norm_threshold = float(alpha), float(phi), float(norm_threshold)

@@ -29,12 +29,16 @@ from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData
 from fedjax_robust.execution import VmapStrategy, is_traceable
 from fedjax_robust.metrics import count_correct
+from fedjax_robust.metrics.evaluation import score_models
 from fedjax_robust.metrics.security import attack_success_rate, backdoor_confidence, detection_rates
+from fedjax_robust.models.interface import Model, as_model
+from fedjax_robust.round_context import RoundContext
+from fedjax_robust.sampling import CohortSampler, UniformSampler, sample_cohort  # noqa: F401 (re-export)
 
 PyTree = Any
-# transform(uploads, cohort, key, context) -> uploads: the hook where attacks act on the stacked uploads.
-# context: {"global_params": server model or None, "weights": [C] aggregation weights, "round": int32}.
-UploadTransform = Callable[[PyTree, jax.Array, jax.Array, dict], PyTree]
+# transform(uploads, cohort, key, context: RoundContext) -> uploads: the hook where attacks act on the stacked
+# uploads (any of their fields).
+UploadTransform = Callable[[PyTree, jax.Array, jax.Array, RoundContext], PyTree]
 
 
 class SimState(NamedTuple):
@@ -69,24 +73,6 @@ def eval_key(run_key: jax.Array, round_index) -> jax.Array:
   return jax.random.fold_in(jax.random.fold_in(run_key, EVAL_STREAM), round_index)
 
 
-def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int,
-                  eligible: Optional[jax.Array] = None) -> jax.Array:
-  """A sorted, uniformly random subset of ``cohort_size`` client ids (all clients when equal).
-
-  ``eligible`` ([K] bool): draw uniformly among these clients instead; when fewer than ``cohort_size`` are
-  eligible, all of them are taken and the remaining slots go to ineligible clients (the cohort size is static).
-  """
-  if cohort_size == num_clients:
-    return jnp.arange(num_clients)
-  if eligible is None:
-    return jnp.sort(jax.random.choice(key, num_clients, (cohort_size,), replace=False))
-  # The top-k of i.i.d. noise is a uniform subset; the offset ranks every eligible client above every ineligible
-  # one (Gumbel noise stays far inside ±1e4), so the ineligible are only filler, themselves drawn at random.
-  noise = jax.random.gumbel(key, (num_clients,))
-  score = noise - 1e4 * (~jnp.asarray(eligible, bool))
-  return jnp.sort(jax.lax.top_k(score, cohort_size)[1])
-
-
 def _gather(tree: PyTree, idx: jax.Array) -> PyTree:
   return jax.tree.map(lambda a: a[idx], tree)
 
@@ -110,7 +96,8 @@ class Simulator:
   Args:
     algorithm: the FL algorithm.
     data: the federated dataset (numpy arrays; moved to device once here).
-    apply_fn: ``(params, x) -> logits`` used for evaluation.
+    model: the :class:`~fedjax_robust.models.Model` scored at evaluation (a plain
+      ``(params, x) -> logits`` function is accepted too).
     strategy: execution strategy of the client axis (default ``vmap``).
     cohort_size: clients per round (fixed, so shapes are static); default all.
     upload_transform: optional ``(uploads, cohort, key, context) -> uploads`` (attacks).
@@ -121,14 +108,21 @@ class Simulator:
       reports the global model's attack success rate (share classified as the
       target) and backdoor confidence (mean softmax probability of the target).
     eval_batch_size: rows scored per batch during evaluation.
+    server_data: optional :class:`ClientData` held by the server (FLTrust's root set, FLARE's auxiliary set,
+      FedVSA's validation set): an argument of every round (``RoundContext.server_data``), not a constant.
+    sampler: the :class:`~fedjax_robust.sampling.CohortSampler` (default uniform; eligibility from the
+      algorithm's ``sampling_mask``; forced clients at given rounds).
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
                upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
-               malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None):
+               malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None,
+               server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None):
     self.algorithm = algorithm
-    self.apply_fn = apply_fn
+    self.model: Model = as_model(apply_fn)
+    self.apply_fn = self.model.logits  # (params or variables, x) -> eval-mode logits
     self.strategy = strategy or VmapStrategy()
+    self.sampler = sampler or UniformSampler()
     self.num_clients = int(data.x_train.shape[0])
     self.cohort_size = self.num_clients if cohort_size is None else int(cohort_size)
     if not 1 <= self.cohort_size <= self.num_clients:
@@ -142,21 +136,40 @@ class Simulator:
     self.test = _to_client_data(data.x_test, data.y_test, data.n_test)
     self.global_test = (jnp.asarray(data.x_global_test), jnp.asarray(data.y_global_test, jnp.int32))
     self.backdoor = None if backdoor is None else (jnp.asarray(backdoor[0]), int(backdoor[1]))
+    self.server_data = None if server_data is None else ClientData(
+        jnp.asarray(server_data.x), jnp.asarray(server_data.y, jnp.int32), jnp.asarray(server_data.n, jnp.int32))
+    place = getattr(self.strategy, "place_clients", None)
+    if place is not None:  # shard the per-client data over the mesh under shard_map (identity otherwise)
+      self.train, self.test = place(self.train), place(self.test)
+    self._malicious_dev = jnp.zeros((self.num_clients,), bool) if self.malicious is None else jnp.asarray(
+        self.malicious)
     self._build()
 
   # ----------------------------------------------------------------------------------- state
-  def init(self, params: PyTree, seed: int | jax.Array = 0) -> SimState:
-    """The initial state: every client starts from ``params`` (and the server too)."""
+  def init(self, params: PyTree, seed: int | jax.Array = 0, model_state: Optional[dict] = None) -> SimState:
+    """The initial state: every client starts from ``params`` (and the server too).
+
+    ``model_state``: the model's non-trainable collections (BatchNorm statistics) from ``model.init``;
+    ``params`` may also be the whole variable dict ``{"params", "batch_stats"}``.
+    """
+    if isinstance(params, dict) and "params" in params:
+      params, model_state = params["params"], {k: v for k, v in params.items() if k != "params"}
     key = jax.random.key(seed) if isinstance(seed, int) else seed
-    clients = stack_clients(self.algorithm.init_client(params), self.num_clients)
-    return SimState(jnp.zeros((), jnp.int32), self.algorithm.init_server(params), clients, key)
+    extra = (model_state,) if model_state else ()
+    if self.model.stateful and not extra:
+      raise ValueError(f"the model has state {self.model.state_collections}: pass model_state to init")
+    clients = stack_clients(self.algorithm.init_client(params, *extra), self.num_clients)
+    place = getattr(self.strategy, "place_clients", None)
+    if place is not None:
+      clients = place(clients)
+    return SimState(jnp.zeros((), jnp.int32), self.algorithm.init_server(params, *extra), clients, key)
 
   # ----------------------------------------------------------------------------------- rounds
   def _prepare(self, state: SimState, train: ClientData) -> _Prepared:
     cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
     mask_fn = self.algorithm.sampling_mask
-    cohort = sample_cohort(cohort_key, self.num_clients, self.cohort_size,
-                           None if mask_fn is None else mask_fn(state.server))
+    cohort = self.sampler.sample(cohort_key, state.round, self.num_clients, self.cohort_size,
+                                 None if mask_fn is None else mask_fn(state.server))
     data = _gather(train, cohort)
     client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
     return _Prepared(cohort, self._broadcast(state.server, cohort), _gather(state.clients, cohort), data,
@@ -179,14 +192,23 @@ class Simulator:
   def _addressed_update(self, shared, own, client_state, data, key) -> ClientOutput:
     return self.algorithm.client_update((shared, own), client_state, data, key)
 
-  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput):
+  def round_context(self, state: SimState, prep: _Prepared, server_data: Optional[ClientData]) -> RoundContext:
+    """The typed context of this round (``fedjax_robust.round_context``)."""
+    global_params = self.algorithm.global_params(state.server)
+    if isinstance(global_params, dict) and "params" in global_params:
+      global_params = global_params["params"]  # rules and attacks see trainable parameters only
+    return RoundContext(state.round, prep.cohort, self._malicious_dev[prep.cohort], prep.weights, global_params,
+                        server_data)
+
+  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput, server_data: Optional[ClientData] = None):
     uploads = out.upload
+    context = self.round_context(state, prep, server_data)
     if self.upload_transform is not None:
-      context = {"global_params": self.algorithm.global_params(state.server), "weights": prep.weights,
-                 "round": state.round}
       uploads = self.upload_transform(uploads, prep.cohort, prep.aux_key, context)
     extra = (prep.cohort,) if self.algorithm.uses_client_ids else ()
-    server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key, *extra)
+    kwargs = {"context": context} if self.algorithm.uses_context else {}
+    server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key, *extra,
+                                                       **kwargs)
     clients = _scatter(state.clients, prep.cohort, out.state)
     steps = out.metrics["steps"]
     metrics = {
@@ -207,17 +229,17 @@ class Simulator:
 
   def _build(self):
     if is_traceable(self.strategy):
-      def round_fn(state, train):
+      def round_fn(state, train, server_data):
         prep = self._prepare(state, train)
-        return self._finish(state, prep, self._map_clients(prep))
+        return self._finish(state, prep, self._map_clients(prep), server_data)
 
       self._round = jax.jit(round_fn)
     else:
       prepare, finish = jax.jit(self._prepare), jax.jit(self._finish)
 
-      def round_fn(state, train):
+      def round_fn(state, train, server_data):
         prep = prepare(state, train)
-        return finish(state, prep, self._map_clients(prep))
+        return finish(state, prep, self._map_clients(prep), server_data)
 
       self._round = round_fn
     self._eval_clients = self._build_client_eval()
@@ -228,18 +250,24 @@ class Simulator:
       return (attack_success_rate(jnp.argmax(logits, -1), target), backdoor_confidence(logits, target))
 
     self._eval_backdoor = jax.jit(backdoor_metrics)
-    # The global model on every client's test split: shared params, so a plain vmap over data (no grouped conv).
-    self._eval_global_on_clients = jax.jit(jax.vmap(
-        lambda params, test: count_correct(self.apply_fn, params, test.x, test.y, test.n, self.eval_batch_size),
-        in_axes=(None, 0)))
+
+    # The global model on every client's test split: one model, K datasets (the many-model kernel with the
+    # model broadcast; a plain vmap over data, no grouped conv).
+    def global_on_clients(params, test):
+      models = jax.tree.map(lambda a: a[None], params)
+      scores = jax.vmap(lambda x, y, n: score_models(self.apply_fn, models, x, y, n,
+                                                    batch_size=self.eval_batch_size))(test.x, test.y, test.n)
+      return scores.correct[:, 0], scores.count[:, 0]
+
+    self._eval_global_on_clients = jax.jit(global_on_clients)
 
   def run_round(self, state: SimState) -> tuple[SimState, dict]:
     """One federated round; returns the new state and device-side scalar metrics."""
-    return self._round(state, self.train)
+    return self._round(state, self.train, self.server_data)
 
   def lower_round(self, state: SimState):
     """The lowered round program (traceable strategies only), for compile-time measurement."""
-    return self._round.lower(state, self.train)
+    return self._round.lower(state, self.train, self.server_data)
 
   # ----------------------------------------------------------------------------------- evaluation
   def _build_client_eval(self):

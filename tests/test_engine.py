@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.data.federated import FederatedData, stack_padded
 from fedjax_robust.execution import make_strategy
 from fedjax_robust.reference import ReferenceFedAvg
@@ -62,7 +62,7 @@ def assert_trees_close(a, b, atol=1e-5):
 def test_padding_rows_and_padded_steps_are_exact_noops(opt):
   """A client padded to 20 rows trains exactly like the same client stored unpadded."""
   data, params, apply_fn = setup()
-  loss_fn = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  loss_fn = plain_loss(lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m))
   spec = LocalTrainSpec(epochs=2, batch_size=3)
   x, y, n = data.x_train[0], data.y_train[0], int(data.n_train[0])
   key = jax.random.key(3)
@@ -71,8 +71,8 @@ def test_padding_rows_and_padded_steps_are_exact_noops(opt):
   padded = ClientData(jnp.pad(x, [(0, pad), (0, 0), (0, 0), (0, 0)]), jnp.pad(y, (0, pad)), jnp.int32(n))
   # Different n_max gives a different permutation draw; compare with shuffling off.
   spec = spec._replace(shuffle=False)
-  p1, s1, m1 = local_train(loss_fn, opt, params, opt.init(params), tight, key, spec)
-  p2, s2, m2 = local_train(loss_fn, opt, params, opt.init(params), padded, key, spec)
+  p1, s1, m1, _ = local_train(loss_fn, opt, params, opt.init(params), tight, key, spec)
+  p2, s2, m2, _ = local_train(loss_fn, opt, params, opt.init(params), padded, key, spec)
   assert int(m1["steps"]) == int(m2["steps"]) == 2 * 3  # ceil(7/3) = 3 per epoch
   assert_trees_close(p1, p2, atol=1e-6)
   assert_trees_close(s1, s2, atol=1e-6)
@@ -81,10 +81,10 @@ def test_padding_rows_and_padded_steps_are_exact_noops(opt):
 def test_client_without_data_changes_nothing():
   data, params, apply_fn = setup()
   opt = optax.adam(0.01)
-  loss_fn = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  loss_fn = plain_loss(lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m))
   empty = ClientData(jnp.asarray(data.x_train[0]), jnp.asarray(data.y_train[0]), jnp.int32(0))
   state0 = opt.init(params)
-  p, s, m = local_train(loss_fn, opt, params, state0, empty, jax.random.key(0), LocalTrainSpec(epochs=3))
+  p, s, m, _ = local_train(loss_fn, opt, params, state0, empty, jax.random.key(0), LocalTrainSpec(epochs=3))
   assert int(m["steps"]) == 0
   assert_trees_close(p, params, atol=0)
   assert_trees_close(s, state0, atol=0)  # Adam's step count too

@@ -9,7 +9,7 @@ from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.fedcap import FedCAPState, customization_weights, make_fedcap
 from fedjax_robust.attacks import as_upload_transform, lie_z, make_attack
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.execution import make_strategy
 from fedjax_robust.metrics.security import detection_rates
 from fedjax_robust.simulation import Simulator
@@ -154,11 +154,11 @@ def test_round_zero_recovery_and_calibration_p4_p5_p6_p7():
   np.testing.assert_allclose(np.asarray(new.pool_updates), deltas, atol=1e-6)  # d̃^0 = d^0
   np.testing.assert_allclose(np.asarray(new.pool_models), w0 + deltas, atol=1e-6)  # w̃ = ŵ + d = trained w
   # the recovered model is the client's own ERM model: E epochs of SGD from w^0 (P18: independent of v)
-  loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  loss = plain_loss(lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m))
   opt = optax.sgd(0.1)
   c1 = jax.tree.map(lambda a: a[1], cdata)
   key1 = jax.random.split(jax.random.split(jax.random.key(0), K)[1])[1]
-  trained, _, _ = local_train(loss, opt, params, opt.init(params), c1, key1, SPEC)
+  trained, _, _, _ = local_train(loss, opt, params, opt.init(params), c1, key1, SPEC)
   np.testing.assert_allclose(np.asarray(new.pool_models[1]), flat(trained), atol=1e-5)
   n = np.asarray(weights)
   np.testing.assert_allclose(flat(new.global_params), (n[:, None] * (w0 + deltas)).sum(0) / n.sum(), atol=1e-5)
@@ -308,9 +308,9 @@ def _round_then_request(**kw):
   shared, own = alg.broadcast(state, jnp.arange(K))
   c3 = ClientData(jnp.asarray(data.x_train[3]), jnp.asarray(data.y_train[3]), jnp.asarray(data.n_train[3]))
   params3 = alg.personal_params((shared, jax.tree.map(lambda a: a[3], own)), {"v": params}, c3, jax.random.key(5))
-  loss = lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m)
+  loss = plain_loss(lambda p, x, y, m: masked_cross_entropy(apply_fn(p, x), y, m))
   # w^{t-1} here is w^0 = params: the reference the pool {0, 1, 2} was calibrated against, not the new global w^1
-  trained, _, _ = local_train(loss, optax.sgd(0.1), params, optax.sgd(0.1).init(params), c3, jax.random.key(5), SPEC)
+  trained, _, _, _ = local_train(loss, optax.sgd(0.1), params, optax.sgd(0.1).init(params), c3, jax.random.key(5), SPEC)
   return state, flat(params3["customized"]), flat(trained) - flat(params)
 
 

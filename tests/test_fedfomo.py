@@ -10,7 +10,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.fedfomo import FedFomoState, fomo_weights, make_fedfomo, select_models, validation_split
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.execution import make_strategy
 from fedjax_robust.experiment import make_algorithm, run_experiment
 from fedjax_robust.simulation import Simulator
@@ -174,9 +174,9 @@ def test_training_uses_only_the_first_rows_and_validation_only_the_last():
   cdata = ClientData(jnp.asarray(x), jnp.asarray(y), jnp.int32(10))  # 12 rows, 10 real: train 0-7, val 8-9
   pool = np.zeros((4, flat(params).shape[0]), np.float32)
   out = client_step(alg, pool, [1, 2], [False, False], params, cdata, key=3)
-  loss = lambda p, xb, yb, m: masked_cross_entropy(apply_fn(p, xb), yb, m)
+  loss = plain_loss(lambda p, xb, yb, m: masked_cross_entropy(apply_fn(p, xb), yb, m))
   tight = ClientData(jnp.asarray(x[:8]), jnp.asarray(y[:8]), jnp.int32(8))
-  trained, _, m = local_train(loss, opt, params, opt.init(params), tight, jax.random.key(3), SPEC)
+  trained, _, m, _ = local_train(loss, opt, params, opt.init(params), tight, jax.random.key(3), SPEC)
   assert int(out.metrics["steps"]) == int(m["steps"]) == 2 * 3  # ceil(8/3) per epoch
   assert_trees_close(out.state["params"], trained, atol=1e-6)
   # changing the validation rows (or the padding) does not change training ...

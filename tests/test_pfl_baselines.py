@@ -13,7 +13,7 @@ from fedjax_robust.algorithms.ditto import make_ditto
 from fedjax_robust.algorithms.fedavg import classification_loss, make_fedavg
 from fedjax_robust.algorithms.fedrod import (balanced_softmax_loss, class_counts, combine_heads, linear_head,
                                              make_fedrod)
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
+from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train
 from fedjax_robust.execution import make_strategy
 from fedjax_robust.experiment import run_experiment
 from fedjax_robust.models import MLP, init_params
@@ -117,7 +117,7 @@ def test_ditto_lamda_zero_v_is_plain_sgd_and_w_is_fedavgs_client():
   v0 = jax.tree.map(lambda a: a + 0.1, params)  # a personal model different from the global one
   d, key = client(data, 1), jax.random.key(5)
   out = make_ditto(apply_fn, opt, spec, lamda=0.0).client_update(params, {"v": v0}, d, key)
-  v_sgd, _, _ = local_train(classification_loss(apply_fn), opt, v0, opt.init(v0), d, key, spec)
+  v_sgd, _, _, _ = local_train(classification_loss(apply_fn), opt, v0, opt.init(v0), d, key, spec)
   fedavg_out = make_fedavg(apply_fn, opt, spec).client_update(params, {}, d, key)
   assert_trees_close(out.state["v"], v_sgd, atol=1e-6)
   assert_trees_close(out.upload["delta"], fedavg_out.upload["delta"], atol=1e-6)
@@ -225,8 +225,8 @@ def test_fedrod_generic_model_is_bsm_training_and_head_paths_agree():
   h0 = jax.tree.map(lambda a: a * 0.5, params["head"])
   out = make_fedrod(apply_fn, opt, SPEC, features_fn=features_fn).client_update(params, {"head": h0}, d, key)
   counts = class_counts(d, 3, SPEC)
-  bsm = lambda p, x, y, m: balanced_softmax_loss(apply_fn(p, x), y, m, counts)
-  g, _, _ = local_train(bsm, opt, params, opt.init(params), d, key, SPEC)
+  bsm = plain_loss(lambda p, x, y, m: balanced_softmax_loss(apply_fn(p, x), y, m, counts))
+  g, _, _, _ = local_train(bsm, opt, params, opt.init(params), d, key, SPEC)
   assert_trees_close(jax.tree.map(jnp.add, params, out.upload["delta"]), g, atol=1e-6)
   slow = make_fedrod(apply_fn, opt, SPEC).client_update(params, {"head": h0}, d, key)
   assert_trees_close(slow.upload["delta"], out.upload["delta"], atol=1e-6)

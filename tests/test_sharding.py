@@ -21,7 +21,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from fedjax_robust.algorithms.fedavg import make_fedavg
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.data.federated import FederatedData, stack_padded
 from fedjax_robust.execution import CLIENT_AXIS, make_strategy
 from fedjax_robust.simulation import Simulator
@@ -190,11 +190,11 @@ def test_a_masked_slot_is_an_exact_noop_for_the_client_kernel():
   """The documented meaning of a zero row: ``n = 0`` -> zero local steps, parameters and optimizer state unchanged."""
   model = nn.Dense(3)
   params = model.init(jax.random.key(0), jnp.zeros((1, 4)))["params"]
-  loss_fn = lambda p, x, y, m: masked_cross_entropy(model.apply({"params": p}, x), y, m)
+  loss_fn = plain_loss(lambda p, x, y, m: masked_cross_entropy(model.apply({"params": p}, x), y, m))
   opt = optax.sgd(0.1, momentum=0.9)
   opt_state = opt.init(params)
   empty = ClientData(jnp.zeros((6, 4)), jnp.zeros((6,), jnp.int32), jnp.int32(0))
-  new_params, new_state, metrics = local_train(loss_fn, opt, params, opt_state, empty, jax.random.key(0),
+  new_params, new_state, metrics, _ = local_train(loss_fn, opt, params, opt_state, empty, jax.random.key(0),
                                                LocalTrainSpec(epochs=2, batch_size=2))
   assert int(metrics["steps"]) == 0
   assert_trees_equal(new_params, params, atol=0)

@@ -47,12 +47,17 @@ class Aggregator(NamedTuple):
   """``aggregate(updates [C, ...], weights [C], mask [C] bool, key, context dict) -> AggregateResult``.
 
   ``weights`` (sample counts), ``mask``, ``key`` and ``context`` may be ``None``
-  (all ones / all True / no key / ``{}``). Rules that need a key (bucketing,
+  (all ones / all True / no key / ``{}``). ``context`` is the round's
+  :class:`~fedjax_robust.round_context.RoundContext` (or a plain dict in hand-written
+  tests); rules read it with ``context.get(name)``. Rules that need a key (bucketing,
   GAS) raise when it is missing.
   """
 
   name: str
   aggregate: Callable[..., AggregateResult]
+  # What the rule reads from the round context beyond the uploads, computed by the server step on device
+  # (fedjax_robust/round_context.py): "reference_update" (FLTrust), "features" (FLARE), "penultimate_weights".
+  needs: tuple[str, ...] = ()
 
   def __call__(self, updates, weights=None, mask=None, key=None, context=None) -> AggregateResult:
     return self.aggregate(updates, weights, mask, key, context)

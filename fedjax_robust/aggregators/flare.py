@@ -1,8 +1,11 @@
 """FLARE (Wang et al., AsiaCCS 2022): trust from penultimate-layer representations (PLRs), fedcc.md §3.
 
-The aggregation part only. FLARE's PLRs are each client model's penultimate
-activations on a small server-held auxiliary set, which the engine does not
-compute: the caller passes them as ``context["features"]``, ``[C, m, d]`` (m
+FLARE's PLRs are each client model's penultimate activations on a small
+server-held auxiliary set. The rule declares ``needs=("features",)``, so the
+server step computes them on device (``round_context.compute_needs``: client
+model = global + upload, activations on the run's server data, the first
+``server.root_dataset_size`` clean training rows) and passes them as
+``context["features"]``, ``[C, m, d]`` (m
 PLR vectors per client) or ``[C, d]`` (one vector per client, m = 1). Then
 
 1. ``MMD^2(i, j)`` between the clients' PLR sets with the RBF kernel
@@ -122,4 +125,4 @@ def make_flare(neighbor_frac: float = 0.5, temperature: float = 1.0, gamma: Opti
     tau = jnp.where(p.valid, tau, 0.0)
     return finish(p, combine(tau, p.updates), tau, diagnostics={"counts": counts, "mmd": mmd})
 
-  return Aggregator("flare", aggregate)
+  return Aggregator("flare", aggregate, needs=("features",))

@@ -59,4 +59,4 @@ def make_fltrust(eps: float = 0.0, num_clients: Optional[int] = None) -> Aggrega
             "reference_ok": ref_ok[0]}
     return finish(p, combine(coeffs, p.updates), trust, p.valid & (trust <= 0), diag)
 
-  return Aggregator("fltrust", aggregate)
+  return Aggregator("fltrust", aggregate, needs=("reference_update",))

@@ -50,7 +50,7 @@ def make_bucketing(inner: Any, s: int = 2, fixed_seed: Optional[int] = None,
   num_buckets = None if num_clients is None else math.ceil(int(num_clients) / s)
   inner = _build_inner(inner, num_buckets)
   if s == 1:
-    return Aggregator(f"bucketing({inner.name})", inner.aggregate)
+    return Aggregator(f"bucketing({inner.name})", inner.aggregate, needs=inner.needs)
 
   def aggregate(updates, weights=None, mask=None, key=None, context=None):
     if fixed_seed is not None:
@@ -87,7 +87,7 @@ def make_bucketing(inner: Any, s: int = 2, fixed_seed: Optional[int] = None,
     diag.update({f"inner/{k}": v for k, v in res.diagnostics.items()})
     return finish(p, res.update, coeffs, flagged, diag)
 
-  return Aggregator(f"bucketing({inner.name})", aggregate)
+  return Aggregator(f"bucketing({inner.name})", aggregate, needs=inner.needs)
 
 
 def make_gas(inner: Any, p: int = 1000, num_byzantine: Optional[int] = None, permute: bool = True,
@@ -152,4 +152,4 @@ def make_gas(inner: Any, p: int = 1000, num_byzantine: Optional[int] = None, per
     return finish(pr, combine(coeffs, pr.updates), coeffs, pr.valid & ~selected,
                   {"scores": scores, "selected": selected})
 
-  return Aggregator(f"gas({inner.name})", aggregate)
+  return Aggregator(f"gas({inner.name})", aggregate, needs=inner.needs)

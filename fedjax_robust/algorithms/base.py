@@ -29,6 +29,17 @@ are unchanged):
 * ``sampling_mask(server_state) -> [K] bool``: the clients the cohort may be
   drawn from (FedCAP's option to stop sampling removed clients, spec §6 item 9);
   ``None`` draws from everyone.
+* ``uses_context=True``: ``server_update(..., context=RoundContext)`` receives
+  the typed round context (:mod:`fedjax_robust.round_context`: round, cohort,
+  malicious mask, weights, server-held data), from which it computes what its
+  aggregation rule declares it needs.
+
+Model state. With a model that has non-trainable state (BatchNorm's
+``batch_stats``), the engine calls ``init_server(params, model_state)`` and
+``init_client(params, model_state)``; algorithms that cannot carry it refuse
+such a model when built. ``global_params`` / ``personal_params`` may return a
+full variable dict ``{"params", "batch_stats"}`` instead of bare params
+(``models.interface.as_variables``).
 """
 
 from __future__ import annotations
@@ -75,3 +86,4 @@ class FedAlgorithm(NamedTuple):
   uses_client_ids: bool = False
   eval_models: tuple[str, ...] = ()
   sampling_mask: Optional[Callable[[PyTree], jax.Array]] = None
+  uses_context: bool = False

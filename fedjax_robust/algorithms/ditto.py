@@ -54,7 +54,8 @@ import optax
 from fedjax_robust.aggregators import Aggregator
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import make_fedavg, squared_distance, tree_sub
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.models.interface import Model, as_model, require_stateless
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]  # (params, x) -> logits
@@ -84,22 +85,31 @@ def pair_logits(apply_fn: ApplyFn, pair_forward: str = "separate"):
   return stacked if pair_forward == "stacked" else separate
 
 
-def ditto_pair_loss(apply_fn: ApplyFn, anchor: PyTree, lamda: float, pair_forward: str = "separate"):
-  """Loss on ``{"v", "w"}`` whose gradient is the two per-batch steps of spec §1.5 (anchor = frozen w^t)."""
-  forward = pair_logits(apply_fn, pair_forward)
+def training_apply(model: Model | ApplyFn, key: jax.Array) -> ApplyFn:
+  """``(params, x) -> logits`` in training mode with dropout key ``key`` (stateless models only)."""
+  model = as_model(model)
+  return lambda params, x: model.apply({"params": params}, x, train=True, rng=key)[0]
 
-  def loss_fn(params, x, y, mask):
-    logits_w, logits_v = forward(params["w"], params["v"], x)
-    loss = masked_cross_entropy(logits_w, y, mask) + masked_cross_entropy(logits_v, y, mask)
+
+def ditto_pair_loss(model: Model | ApplyFn, anchor: PyTree, lamda: float, pair_forward: str = "separate"):
+  """Loss on ``{"v", "w"}`` whose gradient is the two per-batch steps of spec §1.5 (anchor = frozen w^t).
+  Both models see the same dropout key (so ``separate`` and ``stacked`` stay equal)."""
+  model = as_model(model)
+  require_stateless(model, "ditto's pair loss")
+
+  def loss_fn(params, batch: Batch):
+    forward = pair_logits(training_apply(model, batch.key), pair_forward)
+    logits_w, logits_v = forward(params["w"], params["v"], batch.x)
+    loss = masked_cross_entropy(logits_w, batch.y, batch.mask) + masked_cross_entropy(logits_v, batch.y, batch.mask)
     if lamda:
       loss = loss + 0.5 * lamda * squared_distance(params["v"], anchor)
-    return loss
+    return loss, batch.model_state
 
   return loss_fn
 
 
 def make_ditto(
-    apply_fn: ApplyFn,
+    apply_fn: Model | ApplyFn,
     client_opt: optax.GradientTransformation,
     spec: LocalTrainSpec,
     server_opt: optax.GradientTransformation | None = None,
@@ -121,6 +131,7 @@ def make_ditto(
     raise ValueError(f"ditto: lamda must be >= 0, got {lamda}")
   lamda = float(lamda)
   check_pair_forward(pair_forward)
+  require_stateless(as_model(apply_fn), name)
   server = make_fedavg(apply_fn, client_opt, spec, server_opt, aggregator=aggregator, root_data=root_data)
 
   def init_client(params):
@@ -128,7 +139,7 @@ def make_ditto(
 
   def client_update(global_params, client_state, data: ClientData, key):
     params = {"v": client_state["v"], "w": global_params}
-    trained, _, metrics = local_train(ditto_pair_loss(apply_fn, global_params, lamda, pair_forward), client_opt, params,
+    trained, _, metrics, _ = local_train(ditto_pair_loss(apply_fn, global_params, lamda, pair_forward), client_opt, params,
                                       client_opt.init(params), data, key, spec)
     return ClientOutput({"delta": tree_sub(trained["w"], global_params)}, {"v": trained["v"]}, metrics)
 
@@ -137,4 +148,4 @@ def make_ditto(
     return client_state["v"]
 
   return FedAlgorithm(name, server.init_server, init_client, server.broadcast, client_update, server.server_update,
-                      server.global_params, personal_params)
+                      server.global_params, personal_params, uses_context=True)

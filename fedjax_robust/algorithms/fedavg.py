@@ -16,19 +16,33 @@
   common initialisation. FedCAP's spec (§3) trains all K clients every round, so
   the experiment builder gives Local a full cohort whatever the participation
   (``algorithm.local_trains_all``; ``False`` trains the sampled cohort only).
+
+Model state (BatchNorm running statistics; ``fedjax_robust/models/interface.py``):
+every client trains from the global model's statistics and uploads its new ones
+beside ``delta``; the server takes their mean with the aggregation rule's
+effective weights (the sample-weighted mean for ``mean``), so a client a robust
+rule excludes does not move them either. Statistics are never attacked or
+robust-aggregated: they are not gradients. ``keep_norm_local=True`` is FedBN
+(Li et al., ICLR 2021): each client keeps its own BatchNorm scale/bias and
+running statistics (the layers owning ``batch_stats`` entries), trains and is
+scored with them, and only the other parameters follow the global model.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax import traverse_util
 
-from fedjax_robust.aggregators import Aggregator, weighted_mean
+from fedjax_robust.aggregators import Aggregator, make_mean
+from fedjax_robust.aggregators.base import combine
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables, train_logits
+from fedjax_robust.round_context import RoundContext, compute_needs
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]  # (params, x) -> logits
@@ -37,6 +51,7 @@ ApplyFn = Callable[[PyTree, jax.Array], jax.Array]  # (params, x) -> logits
 class ServerState(NamedTuple):
   params: PyTree
   opt_state: PyTree
+  model_state: PyTree = {}  # non-trainable collections of the global model (BatchNorm statistics); {} if none
 
 
 def tree_sub(a: PyTree, b: PyTree) -> PyTree:
@@ -47,14 +62,18 @@ def squared_distance(a: PyTree, b: PyTree) -> jax.Array:
   return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def classification_loss(apply_fn: ApplyFn, anchor: PyTree | None = None, mu: float = 0.0):
-  """Masked cross-entropy, plus the proximal term ``μ/2 ||w - anchor||²`` when ``μ > 0``."""
+def classification_loss(model: Model | ApplyFn, anchor: PyTree | None = None, mu: float = 0.0):
+  """Masked cross-entropy in training mode (dropout, masked batch statistics), plus the proximal term
+  ``μ/2 ||w - anchor||²`` when ``μ > 0``. A :data:`~fedjax_robust.client.LossFn`: ``(params, batch) -> (loss,
+  model_state)``."""
+  model = as_model(model)
 
-  def loss_fn(params, x, y, mask):
-    loss = masked_cross_entropy(apply_fn(params, x), y, mask)
+  def loss_fn(params, batch: Batch):
+    logits, model_state = train_logits(model, params, batch.model_state, batch.x, batch.key, batch.mask)
+    loss = masked_cross_entropy(logits, batch.y, batch.mask)
     if mu:
       loss = loss + 0.5 * mu * squared_distance(params, anchor)
-    return loss
+    return loss, model_state
 
   return loss_fn
 
@@ -64,11 +83,43 @@ def apply_server_update(server_opt: optax.GradientTransformation, state: ServerS
   """``w ← w - server_opt(-Δ)``: with SGD(lr=1) this is plain ``w + Δ``."""
   pseudo_grad = jax.tree.map(jnp.negative, mean_delta)
   updates, opt_state = server_opt.update(pseudo_grad, state.opt_state, state.params)
-  return ServerState(optax.apply_updates(state.params, updates), opt_state)
+  return state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+
+
+def state_owned_params(params: PyTree, model_state: dict) -> frozenset:
+  """Flat paths (``"bn1/scale"``) of the parameters of every layer that owns model state (BatchNorm layers)."""
+  owners = {path[:-1] for coll in model_state.values() for path in traverse_util.flatten_dict(coll)}
+  return frozenset("/".join(p) for p in traverse_util.flatten_dict(params) if p[:-1] in owners)
+
+
+def take_paths(params: PyTree, paths: frozenset) -> dict:
+  return {k: v for k, v in traverse_util.flatten_dict(params, sep="/").items() if k in paths}
+
+
+def put_paths(params: PyTree, local: dict) -> PyTree:
+  flat = traverse_util.flatten_dict(params, sep="/")
+  flat.update(local)
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def mean_model_state(states: dict, coeffs: jax.Array, fallback: dict) -> dict:
+  """``Σ_i c_i s_i`` of the uploaded model states with the rule's effective weights (non-finite ones excluded);
+  the previous state when nothing was aggregated."""
+  if not jax.tree.leaves(states):
+    return fallback
+  c = coeffs.shape[0]
+  finite = jnp.ones((c,), bool)
+  for leaf in jax.tree.leaves(states):
+    finite &= jnp.all(jnp.isfinite(leaf.reshape(c, -1)), axis=1)
+  w = jnp.where(finite, coeffs, 0.0)
+  total = jnp.sum(w)
+  clean = jax.tree.map(lambda a: jnp.where(finite.reshape((c,) + (1,) * (a.ndim - 1)), a, 0.0), states)
+  mean = combine(w / jnp.where(total > 0, total, 1.0), clean)
+  return jax.tree.map(lambda m, old: jnp.where(total > 0, m, old), mean, fallback)
 
 
 def make_fedavg(
-    apply_fn: ApplyFn,
+    model: Model | ApplyFn,
     client_opt: optax.GradientTransformation,
     spec: LocalTrainSpec,
     server_opt: optax.GradientTransformation | None = None,
@@ -79,18 +130,21 @@ def make_fedavg(
     ft_mode: str | None = None,
     aggregator: Aggregator | None = None,
     root_data: ClientData | None = None,
+    keep_norm_local: bool = False,
 ) -> FedAlgorithm:
-  """FedAvg, FedProx (``mu > 0``) or FedAvg-FT (``ft_mode`` set).
+  """FedAvg, FedProx (``mu > 0``), FedAvg-FT (``ft_mode`` set) or FedBN (``keep_norm_local``).
 
+  ``model``: a :class:`~fedjax_robust.models.Model` (or a plain ``(params, x) -> logits`` function).
   ``ft_mode``: None (score every client with the global model), ``"last_local"``
   or ``"finetune"`` (with ``finetune_epochs``), see the module docstring.
 
-  ``aggregator``: a robust rule from :mod:`fedjax_robust.aggregators` replacing
-  the sample-weighted mean; its flagged clients and effective weights are
-  returned as round diagnostics. ``root_data``: the server's clean root dataset
-  (FLTrust): each round the server trains on it from the global model with the
-  clients' optimizer and local schedule, and passes the resulting update to the
-  rule as ``context["reference_update"]``.
+  ``aggregator``: the server rule (default: the ``mean`` rule, sample-weighted, which
+  excludes and flags non-finite uploads); its flagged clients and effective weights are
+  returned as round diagnostics. What the rule declares in ``needs`` is computed from the
+  round context (:mod:`fedjax_robust.round_context`): FLTrust's reference update is the
+  server's training on the round's server data (``context.server_data``; ``root_data``
+  is used when the round brings none) from the global model with the clients' optimizer
+  and local schedule.
 
   ``persist_client_opt_state`` keeps each client's optimizer state (e.g.
   momentum) across the rounds it participates in, as PyTorch FL code that builds
@@ -102,76 +156,130 @@ def make_fedavg(
     raise ValueError(f"ft_mode must be None, 'last_local' or 'finetune', got {ft_mode!r}")
   if ft_mode == "finetune" and finetune_epochs < 1:
     raise ValueError(f"ft_mode='finetune' needs finetune_epochs >= 1, got {finetune_epochs}")
+  model = as_model(model)
+  if keep_norm_local and not model.stateful:
+    raise ValueError(f"{name}: keep_norm_local (FedBN) needs a model with BatchNorm state (e.g. model.name=bn_cnn)")
   keep_local = ft_mode == "last_local"
   server_opt = server_opt or optax.sgd(1.0)
+  aggregator = aggregator or make_mean()
   finetune_spec = spec._replace(epochs=finetune_epochs)
+  penultimate = getattr(model.module, "penultimate", None)
 
-  def init_server(params):
-    return ServerState(params, server_opt.init(params))
+  def local_paths(params, model_state):
+    return state_owned_params(params, model_state) if keep_norm_local else frozenset()
 
-  def init_client(params):
+  def init_server(params, model_state=None):
+    return ServerState(params, server_opt.init(params), dict(model_state or {}))
+
+  def init_client(params, model_state=None):
+    model_state = dict(model_state or {})
     state = {"opt_state": client_opt.init(params)} if persist_client_opt_state else {}
-    return {**state, "params": params} if keep_local else state
+    if keep_norm_local:
+      state["norm"] = {"params": take_paths(params, local_paths(params, model_state)), "state": model_state}
+    if keep_local:
+      state["params"] = merge_variables(params, model_state) if model_state else params
+    return state
 
   def broadcast(state: ServerState):
-    return state.params
+    return merge_variables(state.params, state.model_state) if state.model_state else state.params
 
-  def client_update(global_params, client_state, data: ClientData, key):
-    opt_state = client_state["opt_state"] if persist_client_opt_state else client_opt.init(global_params)
-    loss_fn = classification_loss(apply_fn, global_params, mu)
-    params, opt_state, metrics = local_train(loss_fn, client_opt, global_params, opt_state, data, key, spec)
+  def start_model(payload, client_state):
+    """The model a client trains from: the global one, with its own BatchNorm layers under FedBN."""
+    params, model_state = split_variables(payload)
+    if keep_norm_local:
+      params = put_paths(params, client_state["norm"]["params"])
+      model_state = client_state["norm"]["state"]
+    return params, model_state
+
+  def client_update(payload, client_state, data: ClientData, key):
+    global_params, _ = split_variables(payload)
+    params, model_state = start_model(payload, client_state)
+    opt_state = client_state["opt_state"] if persist_client_opt_state else client_opt.init(params)
+    loss_fn = classification_loss(model, global_params, mu)
+    params, opt_state, metrics, model_state = local_train(loss_fn, client_opt, params, opt_state, data, key, spec,
+                                                          model_state)
     new_state = {"opt_state": opt_state} if persist_client_opt_state else {}
+    if keep_norm_local:
+      new_state["norm"] = {"params": take_paths(params, local_paths(params, model_state)), "state": model_state}
     if keep_local:
-      new_state["params"] = params
-    return ClientOutput({"delta": tree_sub(params, global_params)}, new_state, metrics)
+      new_state["params"] = merge_variables(params, model_state) if model_state else params
+    upload = {"delta": tree_sub(params, global_params)}
+    if model_state:
+      upload["model_state"] = model_state
+    return ClientOutput(upload, new_state, metrics)
 
-  def server_update(state: ServerState, uploads, weights, key):
-    if aggregator is None:
-      return apply_server_update(server_opt, state, weighted_mean(uploads["delta"], weights)), {}
+  def server_update(state: ServerState, uploads, weights, key, context: Optional[RoundContext] = None):
     root_key, agg_key = jax.random.split(key)
-    context = {"global_params": state.params}
-    if root_data is not None:
-      root_params, _, _ = local_train(classification_loss(apply_fn), client_opt, state.params,
-                                      client_opt.init(state.params), root_data, root_key, spec)
-      context["reference_update"] = tree_sub(root_params, state.params)
+
+    def reference_update(global_params, server_data):
+      trained = local_train(classification_loss(model), client_opt, global_params, client_opt.init(global_params),
+                            server_data, root_key, spec, state.model_state)
+      return tree_sub(trained.params, global_params)
+
+    features_fn = None
+    if model.features is not None:
+      features_fn = lambda p, x: model.features(merge_variables(p, state.model_state), x)
+    if context is None:  # called directly (tests): a context with the server's model and the closed-over root data
+      c = weights.shape[0]
+      context = RoundContext(jnp.zeros((), jnp.int32), jnp.arange(c), jnp.zeros((c,), bool), weights)
+    context = context._replace(global_params=state.params)
+    if context.server_data is None and root_data is not None:
+      context = context._replace(server_data=root_data)
+    context = compute_needs(aggregator.needs, context, uploads["delta"], features_fn=features_fn,
+                            penultimate=penultimate, reference_update=reference_update)
     mask = jnp.ones(weights.shape, bool)
     result = aggregator.aggregate(uploads["delta"], weights, mask, agg_key, context)
     diagnostics = {"flagged": result.flagged, "aggregation_weights": result.weights}
-    return apply_server_update(server_opt, state, result.update), diagnostics
+    new_state = apply_server_update(server_opt, state, result.update)
+    if "model_state" in uploads:
+      new_state = new_state._replace(model_state=mean_model_state(uploads["model_state"], result.weights,
+                                                                  state.model_state))
+    return new_state, diagnostics
 
-  def personal_params(global_params, client_state, data: ClientData, key):
+  def global_params(state: ServerState):
+    return broadcast(state)
+
+  def personal_params(payload, client_state, data: ClientData, key):
     if keep_local:
       return client_state["params"]
+    params, model_state = start_model(payload, client_state)
     if ft_mode is None:
-      return global_params
-    loss_fn = classification_loss(apply_fn)
-    params, _, _ = local_train(loss_fn, client_opt, global_params, client_opt.init(global_params), data, key,
-                               finetune_spec)
-    return params
+      return merge_variables(params, model_state) if model_state else params
+    trained = local_train(classification_loss(model), client_opt, params, client_opt.init(params), data, key,
+                          finetune_spec, model_state)
+    return merge_variables(trained.params, trained.model_state) if model_state else trained.params
 
-  return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update,
-                      lambda state: state.params, personal_params)
+  return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update, global_params,
+                      personal_params, uses_context=True)
 
 
-def make_local(apply_fn: ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec) -> FedAlgorithm:
-  """Local (a.k.a. Separate) training: each client trains only its own model, nothing is shared."""
+def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec) -> FedAlgorithm:
+  """Local (a.k.a. Separate) training: each client trains only its own model (and BatchNorm state), nothing is
+  shared."""
+  model = as_model(model)
 
-  def init_client(params):
-    return {"params": params, "opt_state": client_opt.init(params)}
+  def init_client(params, model_state=None):
+    return {"params": params, "opt_state": client_opt.init(params), "model_state": dict(model_state or {})}
 
   def client_update(payload, client_state, data: ClientData, key):
     del payload
-    params, opt_state, metrics = local_train(classification_loss(apply_fn), client_opt, client_state["params"],
-                                             client_state["opt_state"], data, key, spec)
-    return ClientOutput({}, {"params": params, "opt_state": opt_state}, metrics)
+    params, opt_state, metrics, model_state = local_train(classification_loss(model), client_opt,
+                                                          client_state["params"], client_state["opt_state"], data,
+                                                          key, spec, client_state["model_state"])
+    return ClientOutput({}, {"params": params, "opt_state": opt_state, "model_state": model_state}, metrics)
+
+  def personal_params(payload, client_state, data, key):
+    if client_state["model_state"]:
+      return merge_variables(client_state["params"], client_state["model_state"])
+    return client_state["params"]
 
   return FedAlgorithm(
       name="local",
-      init_server=lambda params: (),
+      init_server=lambda params, model_state=None: (),
       init_client=init_client,
       broadcast=lambda state: (),
       client_update=client_update,
-      server_update=lambda state, uploads, weights, key: (state, {}),
+      server_update=lambda state, uploads, weights, key, context=None: (state, {}),
       global_params=lambda state: None,
-      personal_params=lambda payload, client_state, data, key: client_state["params"],
+      personal_params=personal_params,
   )

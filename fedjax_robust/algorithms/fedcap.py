@@ -69,6 +69,7 @@ from fedjax_robust.attacks import OWN_UPDATE_ATTACKS, ModelAttack, craft
 from fedjax_robust.algorithms.ditto import check_pair_forward, ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.models.interface import Model, as_model, require_stateless
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
@@ -122,7 +123,7 @@ def aggregate_rows(weights: jax.Array, rows: jax.Array) -> jax.Array:
 
 
 def make_fedcap(
-    apply_fn: ApplyFn,
+    apply_fn: Model | ApplyFn,
     client_opt: optax.GradientTransformation,
     spec: LocalTrainSpec,
     num_clients: int,
@@ -196,15 +197,17 @@ def make_fedcap(
     if malicious.shape[0] != num_clients:
       raise ValueError(f"fedcap: malicious has {malicious.shape[0]} entries, expected num_clients={num_clients}")
     own_update_attack = request_attack.name in OWN_UPDATE_ATTACKS
+  require_stateless(as_model(apply_fn), name)
   ce_loss = classification_loss(apply_fn)
 
   def pair_loss(anchor):
     """CE(w) + CE(v) + λ/2‖v - ŵ‖² with ŵ frozen (Ditto's pair loss, spec §1.5); CE(w) alone without personalization."""
     if personalize:
       return ditto_pair_loss(apply_fn, anchor, lamda, pair_forward)
-    return lambda params, x, y, mask: masked_cross_entropy(apply_fn(params["w"], x), y, mask)
+    w_loss = classification_loss(apply_fn)
+    return lambda params, batch: w_loss(params["w"], batch)
 
-  def init_server(params):
+  def init_server(params, model_state=None):
     flat, _ = ravel_pytree(params)
     zeros = jnp.zeros((num_clients, flat.shape[0]), flat.dtype)
     flags = jnp.zeros((num_clients,), bool)
@@ -269,8 +272,8 @@ def make_fedcap(
       return unravel(own["customized"]), None
     # r_k = SGD_E(w^{t-1}) - w^{t-1}: the same reference as the pool's d̃^{t-1} (spec §1.4), not the newer w^t.
     reference = shared["request_reference"]
-    trained, _, _ = local_train(ce_loss, client_opt, reference, client_opt.init(reference), data, key, spec)
-    request = ravel_pytree(trained)[0] - ravel_pytree(reference)[0]
+    trained = local_train(ce_loss, client_opt, reference, client_opt.init(reference), data, key, spec)
+    request = ravel_pytree(trained.params)[0] - ravel_pytree(reference)[0]
     if poison_requests:
       request = poisoned_request(shared, own, request, jax.random.fold_in(key, 1))
     from_request = request_customized((shared["pool_updates"], shared["pool_models"], shared["pool_valid"],
@@ -282,7 +285,7 @@ def make_fedcap(
     request_key, train_key = jax.random.split(key)
     customized, request = own_customized(shared, own, data, request_key)
     params = {"w": customized, "v": client_state["v"]} if personalize else {"w": customized}
-    trained, _, metrics = local_train(pair_loss(customized), client_opt, params, client_opt.init(params), data,
+    trained, _, metrics, _ = local_train(pair_loss(customized), client_opt, params, client_opt.init(params), data,
                                       train_key, spec)
     upload = {"delta": tree_sub(trained["w"], customized)}
     if request_updates:
@@ -292,7 +295,7 @@ def make_fedcap(
       new_state["customized"] = customized
     return ClientOutput(upload, new_state, metrics)
 
-  def server_update(state: FedCAPState, uploads, weights, key, ids):
+  def server_update(state: FedCAPState, uploads, weights, key, ids, context=None):
     del key
     global_flat, unravel = ravel_pytree(state.global_params)
     deltas = jax.vmap(lambda d: ravel_pytree(d)[0])(uploads["delta"])

@@ -82,6 +82,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from fedjax_robust.models.interface import as_model, stateless_apply
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
@@ -183,8 +184,9 @@ def make_fedfomo(
   num_models = max(1, min(int(num_models), num_clients - 1))
   val_fraction, epsilon, epsilon_decay = float(val_fraction), float(epsilon), float(epsilon_decay)
   ce_loss = classification_loss(apply_fn)
+  apply_fn = stateless_apply(as_model(apply_fn), name)  # eval mode, for the validation losses
 
-  def init_server(params):
+  def init_server(params, model_state=None):
     flat, _ = ravel_pytree(params)
     return FedFomoState(jnp.zeros((num_clients, flat.shape[0]), flat.dtype), jnp.zeros((num_clients,), bool),
                         jnp.zeros((num_clients, num_clients), jnp.float32), jax.random.key(0),
@@ -238,12 +240,12 @@ def make_fedfomo(
     federated, weights, flat_old, unravel, n_train = federated_update(payload, client_state, data)
     start_params = unravel(federated)
     train = ClientData(data.x, data.y, n_train)
-    trained, _, metrics = local_train(ce_loss, client_opt, start_params, client_opt.init(start_params), train, key,
+    trained, _, metrics, _ = local_train(ce_loss, client_opt, start_params, client_opt.init(start_params), train, key,
                                       spec)
     upload = {"delta": tree_sub(trained, client_state["params"]), "base": flat_old, "weights": weights}
     return ClientOutput(upload, {"params": trained}, metrics)
 
-  def server_update(state: FedFomoState, uploads, weights, key, ids):
+  def server_update(state: FedFomoState, uploads, weights, key, ids, context=None):
     del weights  # FedFomo has no sample-weighted aggregate
     deltas = jax.vmap(lambda d: ravel_pytree(d)[0])(uploads["delta"])
     models = state.models.at[ids].set(uploads["base"] + deltas)

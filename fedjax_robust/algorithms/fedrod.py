@@ -62,7 +62,9 @@ import optax
 from fedjax_robust.aggregators import Aggregator
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import make_fedavg, tree_sub
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy, steps_per_epoch
+from fedjax_robust.algorithms.ditto import training_apply
+from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy, steps_per_epoch
+from fedjax_robust.models.interface import Model, as_model, require_stateless
 from fedjax_robust.models import merge_base_head, split_base_head
 
 PyTree = Any
@@ -100,10 +102,18 @@ def balanced_softmax_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array,
   return masked_cross_entropy(logits + jnp.log(jnp.maximum(counts, count_floor)), labels, mask)
 
 
-def fedrod_pair_loss(apply_fn: ApplyFn, features_fn: FeaturesFn | None, counts: jax.Array, count_floor: float):
-  """Loss on ``{"g": generic params, "h": personal head}`` whose gradient is FedRoD's two per-batch steps."""
+def fedrod_pair_loss(apply_fn: Model | ApplyFn, features_fn: FeaturesFn | None, counts: jax.Array,
+                     count_floor: float):
+  """Loss on ``{"g": generic params, "h": personal head}`` whose gradient is FedRoD's two per-batch steps.
 
-  def loss_fn(params, x, y, mask):
+  ``features_fn`` given: the rep is computed once (eval-mode features: dropout is not applied on that path);
+  otherwise two training-mode passes with the step's dropout key."""
+  model = as_model(apply_fn)
+  require_stateless(model, "fedrod")
+
+  def loss_fn(params, batch: Batch):
+    x, y, mask = batch.x, batch.y, batch.mask
+    apply_fn = training_apply(model, batch.key)
     g, h = params["g"], params["h"]
     if features_fn is not None:
       rep = features_fn(g, x)
@@ -114,13 +124,13 @@ def fedrod_pair_loss(apply_fn: ApplyFn, features_fn: FeaturesFn | None, counts: 
       out_p = apply_fn(merge_base_head(jax.lax.stop_gradient(split_base_head(g)[0]), h), x)
     generic = balanced_softmax_loss(out_g, y, mask, counts, count_floor)
     personal = masked_cross_entropy(jax.lax.stop_gradient(out_g) + out_p, y, mask)
-    return generic + personal
+    return generic + personal, batch.model_state
 
   return loss_fn
 
 
 def make_fedrod(
-    apply_fn: ApplyFn,
+    apply_fn: Model | ApplyFn,
     client_opt: optax.GradientTransformation,
     spec: LocalTrainSpec,
     server_opt: optax.GradientTransformation | None = None,
@@ -146,6 +156,7 @@ def make_fedrod(
     raise ValueError(f"fedrod: personal_generic must be 'local' or 'global', got {personal_generic!r}")
   keep_generic = personal_generic == "local"
   count_floor = float(count_floor)
+  require_stateless(as_model(apply_fn), name)
   server = make_fedavg(apply_fn, client_opt, spec, server_opt, aggregator=aggregator, root_data=root_data)
 
   def init_client(params):
@@ -156,7 +167,7 @@ def make_fedrod(
     num_classes = global_params["head"]["kernel"].shape[-1]
     counts = class_counts(data, num_classes, spec)
     params = {"g": global_params, "h": client_state["head"]}
-    trained, _, metrics = local_train(fedrod_pair_loss(apply_fn, features_fn, counts, count_floor), client_opt,
+    trained, _, metrics, _ = local_train(fedrod_pair_loss(apply_fn, features_fn, counts, count_floor), client_opt,
                                       params, client_opt.init(params), data, key, spec)
     state = {"head": trained["h"], "generic": trained["g"]} if keep_generic else {"head": trained["h"]}
     return ClientOutput({"delta": tree_sub(trained["g"], global_params)}, state, metrics)
@@ -166,4 +177,4 @@ def make_fedrod(
     return combine_heads(client_state["generic"] if keep_generic else global_params, client_state["head"])
 
   return FedAlgorithm(name, server.init_server, init_client, server.broadcast, client_update, server.server_update,
-                      server.global_params, personal_params)
+                      server.global_params, personal_params, uses_context=True)

@@ -174,21 +174,32 @@ def pairwise_sq_dists(flat: jax.Array) -> jax.Array:
 
 # ------------------------------------------------------------------------------------- engine adapter
 def as_upload_transform(attack: ModelAttack, malicious_clients, field: str = "delta",
-                        context: Optional[dict] = None):
+                        context: Optional[dict] = None, fields: Optional[tuple[str, ...]] = None):
   """Adapts ``attack`` to the engine hook ``upload_transform(uploads, cohort, key[, context]) -> uploads``.
 
   ``malicious_clients`` is the ``[K]`` bool mask of attacker-controlled clients
   (e.g. :func:`fedjax_robust.attacks.choose_malicious`); the cohort's rows are
-  looked up in it. The engine's per-round ``context`` (``global_params``,
-  ``weights``, ``round``; ``None`` entries are dropped) is merged over the
-  static ``context`` given here.
+  looked up in it. ``fields`` (default ``(field,)``): the upload fields poisoned, each
+  by the same attack with its own key (e.g. ``("delta", "loss")``: FedVSA's model
+  and reported loss). The engine's round context (a
+  :class:`~fedjax_robust.round_context.RoundContext` or a dict; ``None`` entries are
+  dropped) is merged over the static ``context`` given here.
   """
   mal_k = jnp.asarray(malicious_clients).astype(bool)
   static = dict(context or {})
+  fields = tuple(fields or (field,))
 
-  def transform(uploads, cohort, key, round_context: Optional[dict] = None):
+  def transform(uploads, cohort, key, round_context=None):
+    if round_context is not None and hasattr(round_context, "as_dict"):
+      round_context = round_context.as_dict()
     ctx = {**static, **{k: v for k, v in (round_context or {}).items() if v is not None}}
-    poisoned = attack.apply(uploads[field], mal_k[cohort], key, ctx)
-    return {**uploads, field: poisoned}
+    missing = [f for f in fields if f not in uploads]
+    if missing:
+      raise ValueError(f"attack {attack.name!r} poisons upload fields {missing}, but this algorithm uploads "
+                       f"{sorted(uploads)} (attack.fields)")
+    poisoned = dict(uploads)
+    for i, f in enumerate(fields):
+      poisoned[f] = attack.apply(uploads[f], mal_k[cohort], jax.random.fold_in(key, i) if i else key, ctx)
+    return poisoned
 
   return transform

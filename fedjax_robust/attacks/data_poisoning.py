@@ -40,6 +40,9 @@ def choose_malicious(num_clients: int, fraction: float = 0.3, seed: int = 0,
   without touching numpy's global state): K=20, p=0.3 -> {1, 8, 10, 17, 18, 19}.
   Otherwise ``np.random.default_rng(seed).choice`` is used.
   """
+  fraction = float(fraction)
+  if not 0.0 <= fraction <= 1.0:  # also refuses NaN
+    raise ValueError(f"attack.fraction must be in [0, 1], got {fraction}")
   m = int(num_clients * fraction)
   if legacy_numpy:
     ids = np.random.RandomState(seed).choice(num_clients, m, replace=False)

@@ -1,7 +1,12 @@
 """Local-training kernels for ONE client, written once and mapped over the client axis."""
 
 from fedjax_robust.client.local_sgd import (
+    Batch,
+    BatchTransform,
     ClientData,
+    LocalResult,
+    LossFn,
+    plain_loss,
     LocalTrainSpec,
     epoch_permutations,
     local_train,
@@ -11,7 +16,12 @@ from fedjax_robust.client.local_sgd import (
 )
 
 __all__ = [
+    "Batch",
+    "BatchTransform",
     "ClientData",
+    "LocalResult",
+    "LossFn",
+    "plain_loss",
     "LocalTrainSpec",
     "epoch_permutations",
     "local_train",

@@ -12,20 +12,61 @@ Shuffling: each epoch draws a fresh permutation of the client's ``n_k`` real
 samples (padding rows are sorted to the end), like a PyTorch ``DataLoader``
 with ``shuffle=True``. The last batch of an epoch may be partial; its loss is the
 mean over its real samples only, as in PyTorch.
+
+Model state and step hooks (engine v2): the loss sees a :class:`Batch` with
+the real-row mask, a per-step key (dropout) and the model state (BatchNorm
+running statistics), and returns the new model state, which is selected back on
+padded steps like everything else. An optional ``batch_transform`` rewrites the
+inputs before each step with the current model and its own per-step key
+(adversarial training generates PGD examples there).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 PyTree = Any
-# loss_fn(params, x_batch, y_batch, sample_mask) -> scalar loss.
-LossFn = Callable[[PyTree, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class Batch(NamedTuple):
+  """What one local step's loss sees: the (possibly transformed) mini-batch, its real-row mask, the step's
+  dropout key and the model state (non-trainable collections such as BatchNorm's ``batch_stats``; ``{}``)."""
+
+  x: jax.Array
+  y: jax.Array
+  mask: jax.Array  # [B] bool: real rows (padding and the unused tail of a partial batch are False)
+  key: jax.Array
+  model_state: PyTree = ()
+
+
+# loss_fn(params, batch) -> (loss, new_model_state): the step's scalar loss and the model state after the forward
+# pass (BatchNorm's updated running statistics; the input ``batch.model_state`` when the model has none).
+LossFn = Callable[[PyTree, Batch], tuple[jax.Array, PyTree]]
+# batch_transform(variables, x, y, mask, key) -> x': rewrites the batch with the current model before the step
+# (adversarial training: PGD examples). It calls the model in the mode it needs (eval for the attack, spec A8);
+# ``variables`` = {"params": params, **model_state}.
+BatchTransform = Callable[[dict, jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def plain_loss(fn: Callable[[PyTree, jax.Array, jax.Array, jax.Array], jax.Array]) -> LossFn:
+  """Adapts a stateless ``fn(params, x, y, mask) -> loss`` (no dropout, no model state) to :data:`LossFn`."""
+
+  def loss_fn(params, batch: Batch):
+    return fn(params, batch.x, batch.y, batch.mask), batch.model_state
+
+  return loss_fn
+
+
+class LocalResult(NamedTuple):
+  params: PyTree
+  opt_state: PyTree
+  metrics: dict  # {"loss": mean loss over the real steps, "steps": number of real steps}
+  model_state: PyTree = ()
 
 
 class ClientData(NamedTuple):
@@ -79,6 +120,9 @@ def epoch_permutations(key: jax.Array, n: jax.Array, n_max: int, epochs: int, sh
   return jnp.argsort(draws, axis=1)
 
 
+STEP_KEY_STREAM = 0x5EED  # fold_in tag of the per-step keys (the shuffles use ``key`` itself)
+
+
 def _select(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
@@ -91,11 +135,18 @@ def local_train(
     data: ClientData,
     key: jax.Array,
     spec: LocalTrainSpec,
-) -> tuple[PyTree, PyTree, dict[str, jax.Array]]:
+    model_state: PyTree = (),
+    batch_transform: Optional[BatchTransform] = None,
+) -> LocalResult:
   """Runs ``spec.epochs`` epochs of mini-batch training on one client.
 
-  Returns the new params, the new optimizer state and ``{"loss": mean loss over
-  the real steps, "steps": number of real steps}``.
+  ``key`` draws the epochs' shuffles and, independently, one key per step (``fold_in(step_root, i)``), split
+  into the batch transform's key and the loss's dropout key. ``model_state`` (e.g. BatchNorm statistics) is
+  threaded through the steps as ``loss_fn`` returns it. ``batch_transform`` rewrites each batch's inputs from
+  the current ``{"params", **model_state}`` before the gradient step (no gradient flows through it).
+
+  Padded steps (past the client's own ``ceil(n / B)`` per epoch) are exact no-ops for params, optimizer
+  state AND model state. Returns :class:`LocalResult` ``(params, opt_state, metrics, model_state)``.
   """
   n_max = data.y.shape[0]
   batch = spec.batch_size
@@ -109,20 +160,28 @@ def local_train(
   sample_mask = jnp.tile(slot < data.n, (spec.epochs, 1))
   real_steps = steps_per_epoch(data.n, batch, spec.drop_last)
   step_active = jnp.tile(jnp.arange(per_epoch) < real_steps, spec.epochs)
+  step_root = jax.random.fold_in(key, STEP_KEY_STREAM)
+  step_ids = jnp.arange(spec.epochs * per_epoch)
 
-  grad_fn = jax.value_and_grad(loss_fn)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(carry, inputs):
-    p, s, loss_sum = carry
-    idx, mask, active = inputs
-    loss, grads = grad_fn(p, data.x[idx], data.y[idx], mask)
+    p, s, ms, loss_sum = carry
+    idx, mask, active, i = inputs
+    transform_key, loss_key = jax.random.split(jax.random.fold_in(step_root, i))
+    x, y = data.x[idx], data.y[idx]
+    if batch_transform is not None:
+      x = jax.lax.stop_gradient(batch_transform({"params": p, **(ms or {})}, x, y, mask, transform_key))
+    (loss, new_ms), grads = grad_fn(p, Batch(x, y, mask, loss_key, ms))
     updates, new_s = optimizer.update(grads, s, p)
     new_p = optax.apply_updates(p, updates)
-    carry = (_select(active, new_p, p), _select(active, new_s, s), loss_sum + jnp.where(active, loss, 0.0))
+    carry = (_select(active, new_p, p), _select(active, new_s, s), _select(active, new_ms, ms),
+             loss_sum + jnp.where(active, loss, 0.0))
     return carry, None
 
-  (params, opt_state, loss_sum), _ = jax.lax.scan(
-      step, (params, opt_state, jnp.zeros((), jnp.float32)), (order, sample_mask, step_active), unroll=spec.unroll
+  (params, opt_state, model_state, loss_sum), _ = jax.lax.scan(
+      step, (params, opt_state, model_state, jnp.zeros((), jnp.float32)),
+      (order, sample_mask, step_active, step_ids), unroll=spec.unroll
   )
   steps = (real_steps * spec.epochs).astype(jnp.int32)
-  return params, opt_state, {"loss": loss_sum / jnp.maximum(steps, 1), "steps": steps}
+  return LocalResult(params, opt_state, {"loss": loss_sum / jnp.maximum(steps, 1), "steps": steps}, model_state)

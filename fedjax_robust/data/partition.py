@@ -58,8 +58,11 @@ def _num_classes(labels: np.ndarray, num_classes: int | None) -> int:
 
 
 def _check_alpha(alpha: float) -> None:
+  if math.isinf(alpha) and alpha > 0:
+    raise ValueError("alpha=inf is the IID limit of the Dirichlet partition, which cannot be sampled; "
+                     "use data.partition.name=iid for it")
   if not (alpha > 0 and math.isfinite(alpha)):
-    raise ValueError(f"alpha must be > 0 (Dirichlet concentration), got {alpha}")
+    raise ValueError(f"alpha must be a finite number > 0 (Dirichlet concentration), got {alpha}")
 
 
 def _check_min_size(min_size: int, num_clients: int, n: int) -> None:

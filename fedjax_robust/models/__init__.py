@@ -26,8 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_robust.models.classifiers import (CifarCNN, EMNISTCNN, FedAvgCNN,
-                                              HARCNN, LeNet5, MLP)
+from fedjax_robust.models.classifiers import (BNCNN, CifarCNN, EMNISTCNN,
+                                              FedAvgCNN, HARCNN, LeNet5, MLP)
+from fedjax_robust.models.interface import (Model, as_model, as_variables,
+                                            make_model, merge_variables,
+                                            require_stateless, split_variables,
+                                            stateless_apply, train_logits)
 from fedjax_robust.models.layers import (CONV_IMPLS, INIT_SCHEMES, TorchConv,
                                          TorchDense, check_conv_impl,
                                          torch_uniform_init)
@@ -39,6 +43,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "har_cnn": HARCNN,
     "lenet5": LeNet5,
     "cifar_cnn": CifarCNN,
+    "bn_cnn": BNCNN,
 }
 
 # The input shape (H, W, C) each model was specified for (the MLP takes any).
@@ -49,6 +54,7 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "har_cnn": (1, 200, 3),
     "lenet5": (28, 28, 1),
     "cifar_cnn": (32, 32, 3),
+    "bn_cnn": (32, 32, 3),
 }
 
 _RESERVED_FIELDS = ("parent", "name", "num_classes")
@@ -149,6 +155,8 @@ def merge_base_head(base: Mapping[str, Any], head: Any) -> dict:
 __all__ = [
     "MODELS", "DEFAULT_INPUT_SHAPES", "get_model", "get_model_from_config",
     "model_kwargs", "init_params", "count_params", "split_base_head",
-    "merge_base_head", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5",
+    "merge_base_head", "init_variables", "Model", "make_model", "as_model",
+    "as_variables", "split_variables", "merge_variables", "stateless_apply",
+    "require_stateless", "train_logits", "BNCNN", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5",
     "CifarCNN", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",
 ]

@@ -28,8 +28,19 @@ Conv outputs are flattened in NHWC order (H, W, C), whereas PyTorch flattens
 load a PyTorch ``state_dict`` the rows of the first Dense after the flatten
 must be permuted from (C, H, W) to (H, W, C) order.
 
-No BatchNorm, and no dropout except the MLP's optional ``dropout_rate``
-(default 0): these models are vmapped over per-client parameters.
+Dropout: the MLP's optional ``dropout_rate`` (default 0), applied when
+``train=True`` (the engine passes a per-step ``'dropout'`` rng).
+
+BatchNorm: ``BNCNN`` (``bn_cnn``), a small CIFAR/MNIST CNN with BatchNorm after
+each convolution. Its running statistics are the ``batch_stats`` collection
+(``state_collections``), per-client state in the engine; ``__call__(x, train,
+mask)`` computes training batch statistics over the rows with ``mask`` True
+only (padded rows never enter them) and uses the running statistics when
+``train=False``. Momentum 0.9 in flax's convention is PyTorch's
+``momentum=0.1``; eps 1e-5 as PyTorch. (PyTorch updates ``running_var`` with the
+unbiased batch variance, flax with the biased one: a difference of a factor
+``m / (m - 1)`` in the running variance's update over ``m`` real values.)
+See ``fedjax_robust/models/interface.py`` for the model interface.
 """
 
 from __future__ import annotations
@@ -232,3 +243,50 @@ class MLP(nn.Module):
 
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
     return self.head(self.features(x, train))
+
+
+class BNCNN(nn.Module):
+  """Small CNN with BatchNorm: [conv 3x3 SAME (no bias) -> BatchNorm -> ReLU -> maxpool2] per width ->
+  flatten -> fc1 Dense(fc_dim) -> ReLU -> head.
+
+  The model the engine's BatchNorm support is tested with (FedAvg, FedBN); FedCAC's
+  ResNets follow the same conventions. ``batch_stats`` holds each BatchNorm's
+  running ``mean`` / ``var``; ``mask`` ([B] bool, training only) restricts the
+  batch statistics to the real rows. 32x32x3, widths (16, 32), fc_dim 64, 10
+  classes: 136,922 parameters.
+  """
+
+  num_classes: int = 10
+  widths: Sequence[int] = (16, 32)
+  fc_dim: int = 64
+  momentum: float = 0.9  # flax convention: running = momentum * running + (1 - momentum) * batch (PyTorch 0.1)
+  epsilon: float = 1e-5
+  init_scheme: str = "torch"
+  conv_impl: str = "xla"
+
+  penultimate = "fc1"
+  state_collections = ("batch_stats",)
+
+  def setup(self):
+    for i, w in enumerate(self.widths):
+      setattr(self, f"conv{i + 1}", TorchConv(int(w), (3, 3), padding=1, use_bias=False,
+                                              init_scheme=self.init_scheme, impl=self.conv_impl))
+      setattr(self, f"bn{i + 1}", nn.BatchNorm(momentum=self.momentum, epsilon=self.epsilon))
+    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+
+  @property
+  def feature_dim(self) -> int:
+    return self.fc_dim
+
+  def features(self, x: jax.Array, train: bool = False, mask: Optional[jax.Array] = None) -> jax.Array:
+    row_mask = None if mask is None else jnp.asarray(mask, bool).reshape((-1, 1, 1, 1))
+    for i in range(len(self.widths)):
+      x = getattr(self, f"conv{i + 1}")(x)
+      x = getattr(self, f"bn{i + 1}")(x, use_running_average=not train,
+                                      mask=None if row_mask is None else jnp.broadcast_to(row_mask, x.shape))
+      x = _pool(nn.relu(x))
+    return nn.relu(self.fc1(_flatten(x)))
+
+  def __call__(self, x: jax.Array, train: bool = False, mask: Optional[jax.Array] = None) -> jax.Array:
+    return self.head(self.features(x, train, mask))
