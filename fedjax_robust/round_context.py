@@ -54,6 +54,15 @@ class RoundContext(NamedTuple):
       return default if value is None else value
     return self.extras.get(name, default)
 
+  def __getitem__(self, item):
+    """``context["features"]`` like a dict (a missing name raises ``KeyError``); integers index the tuple."""
+    if isinstance(item, str):
+      value = self.get(item)
+      if value is None:
+        raise KeyError(item)
+      return value
+    return tuple.__getitem__(self, item)
+
   def with_extras(self, **extras) -> "RoundContext":
     return self._replace(extras={**self.extras, **extras})
 

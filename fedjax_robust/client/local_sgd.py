@@ -41,7 +41,7 @@ class Batch(NamedTuple):
   y: jax.Array
   mask: jax.Array  # [B] bool: real rows (padding and the unused tail of a partial batch are False)
   key: jax.Array
-  model_state: PyTree = ()
+  model_state: PyTree = {}
 
 
 # loss_fn(params, batch) -> (loss, new_model_state): the step's scalar loss and the model state after the forward
@@ -66,7 +66,7 @@ class LocalResult(NamedTuple):
   params: PyTree
   opt_state: PyTree
   metrics: dict  # {"loss": mean loss over the real steps, "steps": number of real steps}
-  model_state: PyTree = ()
+  model_state: PyTree = {}
 
 
 class ClientData(NamedTuple):
@@ -135,12 +135,12 @@ def local_train(
     data: ClientData,
     key: jax.Array,
     spec: LocalTrainSpec,
-    model_state: PyTree = (),
+    model_state: PyTree = None,
     batch_transform: Optional[BatchTransform] = None,
 ) -> LocalResult:
   """Runs ``spec.epochs`` epochs of mini-batch training on one client.
 
-  ``key`` draws the epochs' shuffles and, independently, one key per step (``fold_in(step_root, i)``), split
+  ``key`` draws the epochs' shuffles and, independently, one key per step (by epoch and batch index), split
   into the batch transform's key and the loss's dropout key. ``model_state`` (e.g. BatchNorm statistics) is
   threaded through the steps as ``loss_fn`` returns it. ``batch_transform`` rewrites each batch's inputs from
   the current ``{"params", **model_state}`` before the gradient step (no gradient flows through it).
@@ -148,6 +148,7 @@ def local_train(
   Padded steps (past the client's own ``ceil(n / B)`` per epoch) are exact no-ops for params, optimizer
   state AND model state. Returns :class:`LocalResult` ``(params, opt_state, metrics, model_state)``.
   """
+  model_state = {} if model_state is None or (isinstance(model_state, tuple) and not model_state) else model_state
   n_max = data.y.shape[0]
   batch = spec.batch_size
   per_epoch = max(steps_per_epoch(n_max, batch, spec.drop_last), 1)
@@ -161,14 +162,17 @@ def local_train(
   real_steps = steps_per_epoch(data.n, batch, spec.drop_last)
   step_active = jnp.tile(jnp.arange(per_epoch) < real_steps, spec.epochs)
   step_root = jax.random.fold_in(key, STEP_KEY_STREAM)
-  step_ids = jnp.arange(spec.epochs * per_epoch)
+  # (epoch, batch) names a step independently of the padding: a tight and a padded copy of a client draw the same
+  # per-step keys, so dropout and adversarial transforms keep padded == unpadded.
+  step_ids = jnp.stack([jnp.repeat(jnp.arange(spec.epochs), per_epoch),
+                        jnp.tile(jnp.arange(per_epoch), spec.epochs)], axis=1)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(carry, inputs):
     p, s, ms, loss_sum = carry
     idx, mask, active, i = inputs
-    transform_key, loss_key = jax.random.split(jax.random.fold_in(step_root, i))
+    transform_key, loss_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(step_root, i[0]), i[1]))
     x, y = data.x[idx], data.y[idx]
     if batch_transform is not None:
       x = jax.lax.stop_gradient(batch_transform({"params": p, **(ms or {})}, x, y, mask, transform_key))
