@@ -259,9 +259,9 @@ def _vmapped_local_train(label: str, loss_for: Callable, start: Callable = lambd
 
     def one(p, x, y, n):
       trained = start(p)
-      out, _, _ = local_train(loss_for(apply_fn, p, s), opt, trained, opt.init(trained), ClientData(x, y, n),
-                              jax.random.key(0), spec)
-      return out
+      out = local_train(loss_for(apply_fn, p, s), opt, trained, opt.init(trained), ClientData(x, y, n),
+                        jax.random.key(0), spec)
+      return out.params
 
     def fn(params, x, y):
       n = jnp.full((x.shape[0],), x.shape[1], jnp.int32)

@@ -159,10 +159,10 @@ class Simulator:
     if self.model.stateful and not extra:
       raise ValueError(f"the model has state {self.model.state_collections}: pass model_state to init")
     clients = stack_clients(self.algorithm.init_client(params, *extra), self.num_clients)
-    place = getattr(self.strategy, "place_clients", None)
-    if place is not None:
-      clients = place(clients)
-    return SimState(jnp.zeros((), jnp.int32), self.algorithm.init_server(params, *extra), clients, key)
+    server = self.algorithm.init_server(params, *extra)
+    if hasattr(self.strategy, "place_clients"):  # shard_map: clients sharded over the mesh, the server replicated
+      clients, server = self.strategy.place_clients(clients), self.strategy.place_replicated(server)
+    return SimState(jnp.zeros((), jnp.int32), server, clients, key)
 
   # ----------------------------------------------------------------------------------- rounds
   def _prepare(self, state: SimState, train: ClientData) -> _Prepared:
