@@ -344,7 +344,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     if aggregator.needs and set(aggregator.needs) & {"reference_update", "features"}:
       server_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
   elif not _is_default_mean(agg_cfg):
-    raise ValueError(f"algorithm {config.algorithm.name!r} does not aggregate with a server rule; leave "
+    raise ValueError(f"algorithm {config.algorithm.name!r} aggregates nothing with a server rule; leave "
                      "aggregator.name='mean' with no parameters")
   algorithm = make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
                              attack=attack, malicious=malicious)

@@ -318,9 +318,9 @@ def test_algorithm_registry_declarations():
   assert cohort_size(_config(**{"algorithm.name": "local", "server.participation": 0.5}), 6) == 6
   with pytest.raises(ValueError, match="unknown algorithm"):
     build_experiment(_config(**{"algorithm.name": "fedsomething"}))
-  with pytest.raises(ValueError, match="does not aggregate"):
+  with pytest.raises(ValueError, match="aggregates nothing"):
     build_experiment(_config(**{"algorithm.name": "local", "aggregator.name": "median"}))
-  with pytest.raises(ValueError, match="does not aggregate"):
+  with pytest.raises(ValueError, match="aggregates nothing"):
     build_experiment(_config(**{"algorithm.name": "fedcap", "aggregator.weighted": False}))
   exp = build_experiment(_config(**{"algorithm.name": "fedbn", "model": ml_collections.ConfigDict(
       {"name": "bn_cnn", "widths": (2,), "fc_dim": 4}), "data.name": "digits"}))

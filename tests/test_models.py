@@ -262,7 +262,7 @@ def test_get_model_errors():
   with pytest.raises(ValueError, match="accepted: .*fc_dim"):
     get_model("fedavg_cnn", 10, hidden=(3,))
   assert set(models.MODELS) == {"mlp", "fedavg_cnn", "emnist_cnn", "har_cnn",
-                                "lenet5", "cifar_cnn"}
+                                "lenet5", "cifar_cnn", "bn_cnn"}
   assert set(models.DEFAULT_INPUT_SHAPES) == set(models.MODELS)
 
 
@@ -301,7 +301,7 @@ CONV_MODELS = [
 
 
 def test_conv_impl_registered_on_every_conv_model():
-  conv_names = {n for n, *_ in CONV_MODELS}
+  conv_names = {n for n, *_ in CONV_MODELS} | {"bn_cnn"}
   for name in models.MODELS:
     assert ("conv_impl" in models.model_kwargs(name)) == (name in conv_names)
     if name in conv_names:

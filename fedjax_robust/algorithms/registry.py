@@ -82,8 +82,9 @@ def algorithm_entry(name: str) -> AlgorithmEntry:
 def build_algorithm(name: str, ctx: BuildContext) -> FedAlgorithm:
   """Checks what the generic config says against the entry's declarations, then builds."""
   entry = algorithm_entry(name)
+  ctx.pair_forward  # checked for every algorithm (only Ditto and FedCAP train a pair)
   if not entry.aggregates and ctx.aggregator is not None:
-    raise ValueError(f"algorithm {name!r} does not aggregate with a server rule; leave aggregator.name='mean' "
+    raise ValueError(f"algorithm {name!r} aggregates nothing with a server rule; leave aggregator.name='mean' "
                      "with no parameters")
   if entry.resets_client_optimizer and ctx.persist:
     raise ValueError(f"algorithm {name!r} resets the client optimizer every round; "

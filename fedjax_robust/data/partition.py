@@ -62,7 +62,7 @@ def _check_alpha(alpha: float) -> None:
     raise ValueError("alpha=inf is the IID limit of the Dirichlet partition, which cannot be sampled; "
                      "use data.partition.name=iid for it")
   if not (alpha > 0 and math.isfinite(alpha)):
-    raise ValueError(f"alpha must be a finite number > 0 (Dirichlet concentration), got {alpha}")
+    raise ValueError(f"alpha must be > 0 and finite (Dirichlet concentration), got {alpha}")
 
 
 def _check_min_size(min_size: int, num_clients: int, n: int) -> None:
