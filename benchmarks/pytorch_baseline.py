@@ -22,16 +22,22 @@ in every round, sample-weighted FedAvg.
     step per batch).
 
 Per side and repeat: ``--warmup`` untimed rounds, then ``--rounds`` timed rounds (each blocked on); reported are
-the median s/round over all repeats, rounds/s, the ratio ours / PyTorch (per repeat, then the median), and the
-CPU cores the side kept busy (process CPU time / wall time over its timed rounds: 2.0 = both cores of a 2-core
-machine), with the load average around each block.
+the median s/round over all repeats, rounds/s, the ratio ours / PyTorch (rounds/s, per repeat, then the median),
+the CPU cores the side kept busy (process CPU time / wall time over its timed rounds: 2.0 = both cores of a
+2-core machine) and the cores the *other* processes of the machine took meanwhile (``/proc/stat`` busy time minus
+ours), with the load average around each block (it counts our own threads too).
 
 Check (``--no_check`` skips it): from the same initial parameters (the JAX init copied into the ``nn.Module``), one
 *unshuffled* round of (a) and of ``ReferenceFedAvg`` must give the same global model (max abs difference printed),
 so both sides compute the same thing.
 
+``--variants model,reshape_pool,reshape_pool_im2col1`` also times every JAX strategy with hand-written
+FedAvgCNN forwards on the same params (see ``variant_apply``; checked against the flax model on one batch): what
+the engine would gain from a cheaper max-pool gradient and a matmul conv1 on XLA:CPU.
+
 ``--breakdown`` adds per-op timings of one client step at B = 10 on both sides (each conv's forward and
-backward, the full forward, forward + backward and SGD step), to see where the CPU time goes.
+backward, a max-pool's forward + backward, the model's forward and forward + backward) and one client's 22 local
+steps per model variant, to see where the CPU time goes. ``--repeats 0`` skips the rounds (breakdown only).
 
 XLA flags: ``--xla_flags "..."`` is appended to ``XLA_FLAGS`` before JAX starts (e.g.
 ``--xla_cpu_multi_thread_eigen=false``), so flag experiments still time PyTorch in the same process.
@@ -40,7 +46,9 @@ Needs PyTorch (not a test dependency): ``pip install -e ".[bench]"``.
 
     python benchmarks/pytorch_baseline.py                                   # 3 repeats, default strategies
     python benchmarks/pytorch_baseline.py --torch_threads 2,1 --strategies shard_map,sequential,reference,vmap
-    python benchmarks/pytorch_baseline.py --repeats 1 --rounds 1 --breakdown --xla_flags=--xla_cpu_multi_thread_eigen=false
+    python benchmarks/pytorch_baseline.py --strategies shard_map --variants model,reshape_pool,reshape_pool_im2col1
+    python benchmarks/pytorch_baseline.py --repeats 0 --breakdown --torch_threads 1
+    python benchmarks/pytorch_baseline.py --xla_flags=--xla_cpu_experimental_ynn_fusion_type= --strategies shard_map
 """
 
 from __future__ import annotations
@@ -86,6 +94,17 @@ def cpu_seconds() -> float:
   return t.user + t.system
 
 
+def machine_busy_seconds() -> float:
+  """CPU seconds all processes of the machine have been busy (``/proc/stat``, all cores); NaN if unreadable."""
+  try:
+    with open("/proc/stat") as f:
+      fields = [int(v) for v in f.readline().split()[1:]]
+  except (OSError, ValueError):
+    return float("nan")
+  idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+  return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--rounds", type=int, default=3, help="timed rounds per side and repeat")
@@ -109,6 +128,10 @@ def parse_args(argv=None):
   p.add_argument("--xla_flags", "--xla-flags", default="", help="appended to XLA_FLAGS before JAX starts")
   p.add_argument("--breakdown", action="store_true", help="also time the ops of one B=10 client step, both sides")
   p.add_argument("--breakdown_iters", type=int, default=50)
+  p.add_argument("--profile_dir", default=None,
+                 help="also profile one round's local steps (one jitted step per batch, first --variants entry) "
+                      "with jax.profiler into this folder and print the top XLA ops; adds "
+                      "--xla_cpu_enable_xprof_traceme=true to XLA_FLAGS, so time rounds in another run")
   p.add_argument("--no_check", "--no-check", action="store_true", help="skip the one-round equality check")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default=None, help="write all results as JSON here")
@@ -163,7 +186,7 @@ def jax_to_torch_state(torch, params) -> dict:
         "conv2.0.weight": p["conv2"]["kernel"].transpose(3, 2, 0, 1), "conv2.0.bias": p["conv2"]["bias"],
         "fc1.0.weight": fc1, "fc1.0.bias": p["fc1"]["bias"],
         "fc.weight": p["head"]["kernel"].T, "fc.bias": p["head"]["bias"]}
-  return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in sd.items()}
+  return {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C", copy=True)) for k, v in sd.items()}
 
 
 def torch_to_flat(model, params_like) -> np.ndarray:
@@ -323,17 +346,23 @@ def jax_runner(wl, data, apply_fn, params, name: str, ndev, unroll, seed: int):
 
 # --------------------------------------------------------------------------------------------- timing
 def time_block(step, state, warmup: int, rounds: int, block):
-  """``warmup`` untimed rounds, then ``rounds`` timed ones; returns (state, wall times, cpu seconds, loads)."""
+  """``warmup`` untimed rounds, then ``rounds`` timed ones.
+
+  Returns (state, wall times, our CPU seconds, other processes' CPU seconds, load averages before/after): the
+  machine's busy time from ``/proc/stat`` minus ours is what the rest of the machine took meanwhile (the load
+  average counts our own threads too, e.g. shard_map's 20 device threads).
+  """
   load0 = os.getloadavg()[0]
   for _ in range(warmup):
     state = block(step(state))
-  walls, cpus = [], []
+  walls, cpus, others = [], [], []
   for _ in range(rounds):
-    c, t = cpu_seconds(), time.perf_counter()
+    m, c, t = machine_busy_seconds(), cpu_seconds(), time.perf_counter()
     state = block(step(state))
     walls.append(time.perf_counter() - t)
     cpus.append(cpu_seconds() - c)
-  return state, walls, cpus, [load0, os.getloadavg()[0]]
+    others.append(max(machine_busy_seconds() - m - cpus[-1], 0.0))
+  return state, walls, cpus, others, [load0, os.getloadavg()[0]]
 
 
 def median(xs):
@@ -486,11 +515,109 @@ def breakdown(torch, model, tmodel, params, data, batch: int, steps: int, iters:
   return rows
 
 
+# --------------------------------------------------------------------------------------------- profile
+def profile_steps(model, params, data, wl, variant: str, steps: int, clients: int, outdir: str,
+                  top: int = 15) -> dict:
+  """XLA:CPU op profile of one round's worth of local SGD steps (``clients`` x ``steps`` one-client steps at
+  batch ``wl.batch_size``, one jitted step per batch as ``ReferenceFedAvg``), on one device, so the op
+  durations are not shared with other device threads. Needs ``--xla_cpu_enable_xprof_traceme=true`` (set by
+  ``--profile_dir``). Returns the ops' total ms with their HLO shape and JAX op name, largest first."""
+  import collections
+  import glob
+  import gzip
+  import re
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from fedjax_robust.client.local_sgd import masked_cross_entropy
+  apply_fn = variant_apply(model, variant)
+  opt = optax.sgd(wl.lr)
+
+  def loss(p, x, y):
+    return masked_cross_entropy(apply_fn(p, x), y, jnp.ones(y.shape[0]))
+
+  def profiled_sgd_step(p, s, x, y):
+    l, g = jax.value_and_grad(loss)(p, x, y)
+    u, s = opt.update(g, s, p)
+    return optax.apply_updates(p, u), s, l
+
+  b = wl.batch_size
+  batches = [(jnp.asarray(data.x_train[k, i * b:(i + 1) * b]), jnp.asarray(data.y_train[k, i * b:(i + 1) * b]))
+             for k in range(clients) for i in range(steps)]
+  s0 = opt.init(params)
+  compiled = jax.jit(profiled_sgd_step).lower(params, s0, *batches[0]).compile()
+  meta, comp_op, comp = {}, {}, None  # HLO instruction -> (shape, JAX op name); computation -> first op name
+  for line in compiled.as_text().splitlines():
+    c = re.match(r"(?:ENTRY )?%([\w.\-]+) .*\{$", line)
+    if c:
+      comp = c.group(1)
+    m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\([^)]*\)|\S+) ", line)
+    if m:
+      op = re.search(r'op_name="([^"]*)"', line)
+      called = re.search(r"calls=%([\w.\-]+)", line)
+      shape = m.group(2)
+      if shape.startswith("("):  # tuple: first element and the count
+        parts = shape.strip("()").split(", ")
+        shape = f"({parts[0]}, ... {len(parts)} outputs)"
+      meta[m.group(1)] = (shape, op.group(1) if op else "", called.group(1) if called else None)
+      if op and comp and comp not in comp_op:
+        comp_op[comp] = op.group(1)
+  meta = {k: (sh, op or comp_op.get(called, "")) for k, (sh, op, called) in meta.items()}
+
+  def run():
+    p, s = params, s0
+    for x, y in batches:
+      p, s, _ = compiled(p, s, x, y)
+    return jax.block_until_ready(p)
+
+  run()
+  t = time.perf_counter()
+  with jax.profiler.trace(outdir, create_perfetto_trace=True):
+    run()
+  wall = time.perf_counter() - t
+  files = sorted(glob.glob(os.path.join(outdir, "**", "*perfetto_trace.json.gz"), recursive=True),
+                 key=os.path.getmtime)
+  if not files:
+    return {"error": f"no perfetto trace under {outdir}"}
+  with gzip.open(files[-1]) as f:
+    events = json.load(f)["traceEvents"]
+  total = collections.Counter()
+  for e in events:
+    a = e.get("args") or {}
+    if e.get("ph") == "X" and "profiled_sgd_step" in str(a.get("hlo_module", "")) and a.get("hlo_op"):
+      total[a["hlo_op"]] += e.get("dur", 0.0) / 1e3
+  ops_ms = sum(total.values())
+  rows = [{"hlo_op": k, "ms": v, "share": v / ops_ms, "shape": meta.get(k, ("", ""))[0],
+           "jax_op": re.sub(r"^jit\(profiled_sgd_step\)/", "", meta.get(k, ("", ""))[1])}
+          for k, v in total.most_common()]
+  cats = collections.Counter()
+  for r in rows:
+    cats[op_category(r["hlo_op"], r["jax_op"])] += r["ms"]
+  return {"variant": variant, "steps": len(batches), "wall_s": wall, "ops_ms": ops_ms, "trace": files[-1],
+          "categories": dict(cats.most_common()), "top": rows[:top], "all": rows}
+
+
+def op_category(hlo_op: str, jax_op: str) -> str:
+  """Rough class of a profiled XLA op. The max-pool gradient (select_and_scatter) is lowered as a reduce-window
+  that also returns argmax indices (``wrapped_reduce-window``, 5 outputs), index grids (``wrapped_iota``), their
+  packing (``concatenate_bitcast_fusion``) and a ``wrapped_scatter``; those carry no JAX op name."""
+  if "conv_general_dilated" in jax_op:
+    return "convolutions (forward, input and weight grads)"
+  if ("reduce_window" in jax_op or "select_and_scatter" in jax_op
+      or hlo_op.startswith(("wrapped_reduce-window", "wrapped_iota", "concatenate_bitcast", "wrapped_scatter"))):
+    return "max-pool forward + gradient"
+  if any(t in jax_op for t in ("fc1", "head", "dot_general")) or hlo_op.startswith("dot"):
+    return "dense layers"
+  return "other (elementwise, loss, update)"
+
+
 # --------------------------------------------------------------------------------------------- driver
 def main(argv=None) -> None:
   args = parse_args(argv)
   torch = require_torch()
   # XLA reads XLA_FLAGS when its CPU client starts: set it (and the host device count) before JAX does anything.
+  if args.profile_dir:  # per-op trace events of the XLA:CPU runtime
+    args.xla_flags = (args.xla_flags + " --xla_cpu_enable_xprof_traceme=true").strip()
   if args.xla_flags:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + args.xla_flags).strip()
   from fedjax_robust.execution import configure_cpu_devices
@@ -586,7 +713,7 @@ def main(argv=None) -> None:
       sides.append({"label": label, "kind": "jax", "variant": variant, "step": step, "state": state,
                     "block": jax.block_until_ready, "compile_s": compile_s})
   for s in sides:
-    s.update(walls=[], cpus=[], loads=[], per_repeat=[])
+    s.update(walls=[], cpus=[], others=[], loads=[], per_repeat=[])
 
   # ---- interleaved repeats
   for rep in range(args.repeats):
@@ -594,13 +721,16 @@ def main(argv=None) -> None:
     for s in sides:
       if s["kind"] == "torch":
         torch.set_num_threads(s["threads"])
-      s["state"], walls, cpus, loads = time_block(s["step"], s["state"], args.warmup, args.rounds, s["block"])
+      s["state"], walls, cpus, others, loads = time_block(s["step"], s["state"], args.warmup, args.rounds,
+                                                          s["block"])
       s["walls"] += walls
       s["cpus"] += cpus
+      s["others"] += others
       s["loads"].append(loads)
       s["per_repeat"].append(median(walls))
       print(f"  {s['label']:24s} s/round {' '.join(f'{w:.2f}' for w in walls)}  cores used "
-            f"{sum(cpus) / sum(walls):.2f}  load {loads[0]:.1f}->{loads[1]:.1f}", flush=True)
+            f"{sum(cpus) / sum(walls):.2f} (other processes {sum(others) / sum(walls):.2f})  load average "
+            f"{loads[0]:.1f}->{loads[1]:.1f}", flush=True)
   torch.set_num_threads(torch_default_threads)
 
   base = sides[0]
@@ -611,6 +741,7 @@ def main(argv=None) -> None:
     row = {"side": s["label"], "kind": s["kind"], "threads": s.get("threads"), "compile_s": s.get("compile_s"),
            "round_s": s["walls"], "round_s_median": med, "rounds_per_s": 1.0 / med,
            "samples_per_s": samples / med, "cores_used": sum(s["cpus"]) / sum(s["walls"]),
+           "other_processes_cores": sum(s["others"]) / sum(s["walls"]),
            "per_repeat_s": s["per_repeat"], "ratio_vs_base_per_repeat": ratios,
            "ratio_vs_base": median(ratios), "loadavg": s["loads"]}
     rows.append(row)
@@ -624,20 +755,25 @@ def main(argv=None) -> None:
                                     args.torch_threads[0])
     torch.set_num_threads(torch_default_threads)
 
+  if args.profile_dir:
+    print(f"profile: one round's local steps, variant {args.variants[0]} ...", flush=True)
+    result["profile"] = profile_steps(model, params, data, wl, args.variants[0], info["steps_per_client"],
+                                      data.num_clients, args.profile_dir)
+
   machine["loadavg_end"] = os.getloadavg()
   print(f"\n**FedAvg, FedAvgCNN, 20 clients x 225, B=10, E=1, drop_last, shuffle={wl.shuffle}** "
         f"({args.repeats} repeats x {args.rounds} rounds after {args.warmup} warm-up; load average "
         f"{machine['loadavg_start'][0]:.1f} -> {machine['loadavg_end'][0]:.1f}; XLA_FLAGS={machine['XLA_FLAGS']!r})\n")
   if rows:
     print(f"| side | compile (s) | median s/round (per repeat) | rounds/s | samples/s | vs {base['label']} "
-          "| cores used |")
-    print("|---|---|---|---|---|---|---|")
+          "| cores used | other processes' cores |")
+    print("|---|---|---|---|---|---|---|---|")
   for r in rows:
     comp = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "–"
     reps = ", ".join(f"{x:.2f}" for x in r["per_repeat_s"])
     ratio = f"{r['ratio_vs_base']:.2f}x (" + ", ".join(f"{x:.2f}" for x in r["ratio_vs_base_per_repeat"]) + ")"
     print(f"| {r['side']} | {comp} | {r['round_s_median']:.2f} ({reps}) | {r['rounds_per_s']:.3f} | "
-          f"{r['samples_per_s']:,.0f} | {ratio} | {r['cores_used']:.2f} |")
+          f"{r['samples_per_s']:,.0f} | {ratio} | {r['cores_used']:.2f} | {r['other_processes_cores']:.2f} |")
   if "check" in result:
     print(f"\nOne unshuffled round, same init: max |PyTorch - ReferenceFedAvg| = {result['check']['max_abs_diff']:.1e}")
   if args.breakdown:
@@ -646,6 +782,19 @@ def main(argv=None) -> None:
     print("|---|---|---|---|")
     for b in result["breakdown"]:
       print(f"| {b['op']} | {b['jax_ms']:.2f} | {b['torch_ms']:.2f} | {b['jax_over_torch_time']:.2f} |")
+  prof = result.get("profile")
+  if prof and "top" in prof:
+    print(f"\nProfile ({prof['variant']}): {prof['steps']} one-client SGD steps, {prof['wall_s']:.2f} s wall, "
+          f"{prof['ops_ms']:.0f} ms in XLA ops; trace {prof['trace']}\n")
+    for k, v in prof["categories"].items():
+      print(f"  {k}: {v:.0f} ms ({100 * v / prof['ops_ms']:.0f}%)")
+    print()
+    print("| XLA op | ms | share | shape | JAX op |")
+    print("|---|---|---|---|---|")
+    for r in prof["top"]:
+      print(f"| {r['hlo_op']} | {r['ms']:.0f} | {100 * r['share']:.1f}% | {r['shape']} | {r['jax_op']} |")
+  elif prof:
+    print(f"\nprofile: {prof.get('error')}")
   if args.out:
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1, default=str)
