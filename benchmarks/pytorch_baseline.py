@@ -89,11 +89,6 @@ def require_torch():
   return torch
 
 
-def cpu_seconds() -> float:
-  t = os.times()
-  return t.user + t.system
-
-
 def machine_busy_seconds() -> float:
   """CPU seconds all processes of the machine have been busy (``/proc/stat``, all cores); NaN if unreadable."""
   try:
@@ -357,10 +352,10 @@ def time_block(step, state, warmup: int, rounds: int, block):
     state = block(step(state))
   walls, cpus, others = [], [], []
   for _ in range(rounds):
-    m, c, t = machine_busy_seconds(), cpu_seconds(), time.perf_counter()
+    m, c, t = machine_busy_seconds(), rps._cpu_seconds(), time.perf_counter()
     state = block(step(state))
     walls.append(time.perf_counter() - t)
-    cpus.append(cpu_seconds() - c)
+    cpus.append(rps._cpu_seconds() - c)
     others.append(max(machine_busy_seconds() - m - cpus[-1], 0.0))
   return state, walls, cpus, others, [load0, os.getloadavg()[0]]
 

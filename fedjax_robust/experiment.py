@@ -258,20 +258,19 @@ def apply_open_overrides(config: ml_collections.ConfigDict, overrides) -> ml_col
   for key, raw in overrides:
     value = parse_override_value(raw) if isinstance(raw, str) else raw
     *path, leaf = key.split(".")
-    node = config
-    with node.unlocked():
+    with config.unlocked():
+      node = config
       for part in path:
         if part not in node or node[part] is None:
           node[part] = ml_collections.ConfigDict()
         node = node[part]
-      if isinstance(node, ml_collections.ConfigDict):
-        with node.unlocked():
-          if leaf in node and node[leaf] is not None and value is not None and not isinstance(node[leaf], type(value)):
-            try:  # keep the field's type (e.g. an int override of a float field)
-              value = type(node[leaf])(value)
-            except (TypeError, ValueError):
-              raise ValueError(f"--config.{key}={raw}: expected a {type(node[leaf]).__name__}") from None
-          node[leaf] = value
+      old = node.get(leaf)
+      if old is not None and value is not None and not isinstance(old, type(value)):
+        try:  # keep the field's type (e.g. an int override of a float field)
+          value = type(old)(value)
+        except (TypeError, ValueError):
+          raise ValueError(f"--config.{key}={raw}: expected a {type(old).__name__}") from None
+      node[leaf] = value
   return config
 
 
@@ -341,7 +340,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   aggregator, server_data = None, None
   if entry.aggregates:  # always through a rule: the default `mean` rule also screens non-finite uploads
     aggregator = aggregator_from_config(agg_cfg if agg_cfg is not None else {"name": "mean"}, num_clients=cohort)
-    if aggregator.needs and set(aggregator.needs) & {"reference_update", "features"}:
+    if set(aggregator.needs) & {"reference_update", "features"}:
       server_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
   elif not _is_default_mean(agg_cfg):
     raise ValueError(f"algorithm {config.algorithm.name!r} aggregates nothing with a server rule; leave "

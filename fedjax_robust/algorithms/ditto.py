@@ -55,7 +55,7 @@ from fedjax_robust.aggregators import Aggregator
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import make_fedavg, squared_distance, tree_sub
 from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
-from fedjax_robust.models.interface import Model, as_model, require_stateless
+from fedjax_robust.models.interface import Model, as_model, require_stateless, train_logits
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]  # (params, x) -> logits
@@ -88,7 +88,7 @@ def pair_logits(apply_fn: ApplyFn, pair_forward: str = "separate"):
 def training_apply(model: Model | ApplyFn, key: jax.Array) -> ApplyFn:
   """``(params, x) -> logits`` in training mode with dropout key ``key`` (stateless models only)."""
   model = as_model(model)
-  return lambda params, x: model.apply({"params": params}, x, train=True, rng=key)[0]
+  return lambda params, x: train_logits(model, params, {}, x, key, None)[0]
 
 
 def ditto_pair_loss(model: Model | ApplyFn, anchor: PyTree, lamda: float, pair_forward: str = "separate"):

@@ -68,7 +68,7 @@ from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.attacks import OWN_UPDATE_ATTACKS, ModelAttack, craft
 from fedjax_robust.algorithms.ditto import check_pair_forward, ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
 from fedjax_robust.models.interface import Model, as_model, require_stateless
 
 PyTree = Any

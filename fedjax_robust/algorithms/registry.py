@@ -93,24 +93,22 @@ def build_algorithm(name: str, ctx: BuildContext) -> FedAlgorithm:
 
 
 # ------------------------------------------------------------------------------------------ built-ins
-def _fedavg_family(name: str, **fixed):
+def _fedavg_family(name: str, options: Callable[[Any], dict] = lambda alg: {}):
+  """A :func:`make_fedavg` variant; ``options(config.algorithm)`` gives its own keyword arguments."""
+
   def build(ctx: BuildContext) -> FedAlgorithm:
-    a = ctx.alg
-    kwargs = dict(fixed)
-    if name == "fedprox":
-      kwargs["mu"] = float(a.mu)
-    if name == "fedavg_ft":
-      kwargs.update(finetune_epochs=int(a.finetune_epochs), ft_mode=a.ft_mode)
     return make_fedavg(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, persist_client_opt_state=ctx.persist,
-                       aggregator=ctx.aggregator, name=name, **kwargs)
+                       aggregator=ctx.aggregator, name=name, **options(ctx.alg))
 
   return build
 
 
 register_algorithm("fedavg", _fedavg_family("fedavg"))
-register_algorithm("fedprox", _fedavg_family("fedprox"), fields=("mu",))
-register_algorithm("fedavg_ft", _fedavg_family("fedavg_ft"), fields=("ft_mode", "finetune_epochs"))
-register_algorithm("fedbn", _fedavg_family("fedbn", keep_norm_local=True))
+register_algorithm("fedprox", _fedavg_family("fedprox", lambda a: {"mu": float(a.mu)}), fields=("mu",))
+register_algorithm("fedavg_ft", _fedavg_family(
+    "fedavg_ft", lambda a: {"finetune_epochs": int(a.finetune_epochs), "ft_mode": a.ft_mode}),
+    fields=("ft_mode", "finetune_epochs"))
+register_algorithm("fedbn", _fedavg_family("fedbn", lambda a: {"keep_norm_local": True}))
 register_algorithm(
     "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec), fields=("local_trains_all",),
     aggregates=False, full_cohort=lambda config: bool(config.algorithm.get("local_trains_all", True)))

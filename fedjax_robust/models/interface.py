@@ -40,7 +40,6 @@ import inspect
 from typing import Any, Callable, NamedTuple, Optional
 
 import jax
-import jax.numpy as jnp
 
 PyTree = Any
 Variables = dict
@@ -176,6 +175,3 @@ def train_logits(model: Model, params: PyTree, model_state: dict, x: jax.Array, 
   """Training-mode forward pass: dropout with ``key``, batch statistics over the ``mask`` rows."""
   return model.apply(merge_variables(params, model_state), x, train=True, rng=key, mask=mask)
 
-
-def zeros_like_state(model_state: dict) -> dict:
-  return jax.tree.map(jnp.zeros_like, model_state)
