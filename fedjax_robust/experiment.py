@@ -106,6 +106,9 @@ def default_config() -> ml_collections.ConfigDict:
       # training data before poisoning; built when the rule declares it needs it.
       "root_dataset_size": 100,
   })
+  # What each evaluation measures (fedjax_robust/metrics/evaluators.py): auto = accuracy (+ backdoor with one),
+  # or a comma-separated list such as "accuracy,backdoor".
+  c.eval = ml_collections.ConfigDict({"metrics": "auto"})
   # Cohort sampler: uniform | forced ("round:id+id,..." forced into those 1-indexed rounds, e.g. "10:3,25:3").
   c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": ""})
   c.attack = ml_collections.ConfigDict({
@@ -354,7 +357,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort)
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
-                        server_data=server_data, sampler=sampler)
+                        server_data=server_data, sampler=sampler,
+                        evaluators=config.get("eval", {}).get("metrics", "auto"))
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state)
 
 
@@ -439,16 +443,19 @@ def round_record(round_index: int, metrics: dict) -> dict:
 
 # Config fields a resumed run may change: how long it runs and is evaluated, where and how it writes, and the
 # engine (strategies compute the same rounds). Anything else would make the resumed run a different experiment.
-RESUMABLE_CHANGES = ("rounds", "eval_every", "output.", "engine.")
+RESUMABLE_CHANGES = ("rounds", "eval_every", "eval.", "output.", "engine.")
 
 
 def resume_mismatches(stored: dict, current: dict) -> list[str]:
   """Dotted config keys on which a checkpointed run (``stored``) and the one resuming it (``current``) differ,
   other than those in :data:`RESUMABLE_CHANGES`."""
   a, b = traverse_util.flatten_dict(stored, sep="."), traverse_util.flatten_dict(current, sep=".")
+  # A field added to the config after the run was stored, left at its default, is the behaviour the run had.
+  defaults = traverse_util.flatten_dict(json.loads(default_config().to_json_best_effort()), sep=".")
   keys = sorted(set(a) | set(b))
   return [k for k in keys if a.get(k) != b.get(k) and not any(
-      k == c or (c.endswith(".") and k.startswith(c)) for c in RESUMABLE_CHANGES)]
+      k == c or (c.endswith(".") and k.startswith(c)) for c in RESUMABLE_CHANGES)
+      and not (k not in a and k in defaults and b.get(k) == defaults[k])]
 
 
 def _resume_point(config, run_dir: Path, checkpointer, config_json: dict) -> tuple[int, list[dict]]:

@@ -30,6 +30,7 @@ from fedjax_robust.client import ClientData
 from fedjax_robust.execution import VmapStrategy, is_traceable
 from fedjax_robust.metrics import count_correct
 from fedjax_robust.metrics.evaluation import score_models
+from fedjax_robust.metrics.evaluators import EVALUATORS, accuracy_record, resolve_evaluators
 from fedjax_robust.metrics.security import attack_success_rate, backdoor_confidence, detection_rates
 from fedjax_robust.models.interface import Model, as_model
 from fedjax_robust.round_context import RoundContext
@@ -112,12 +113,15 @@ class Simulator:
       FedVSA's validation set): an argument of every round (``RoundContext.server_data``), not a constant.
     sampler: the :class:`~fedjax_robust.sampling.CohortSampler` (default uniform; eligibility from the
       algorithm's ``sampling_mask``; forced clients at given rounds).
+    evaluators: names from :mod:`fedjax_robust.metrics.evaluators` (default ``"auto"``: accuracy, plus
+      backdoor with a backdoor).
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
                upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
                malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None,
-               server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None):
+               server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None,
+               evaluators=None):
     self.algorithm = algorithm
     self.model: Model = as_model(apply_fn)
     self.apply_fn = self.model.logits  # (params or variables, x) -> eval-mode logits
@@ -136,6 +140,7 @@ class Simulator:
     self.test = _to_client_data(data.x_test, data.y_test, data.n_test)
     self.global_test = (jnp.asarray(data.x_global_test), jnp.asarray(data.y_global_test, jnp.int32))
     self.backdoor = None if backdoor is None else (jnp.asarray(backdoor[0]), int(backdoor[1]))
+    self.evaluators = resolve_evaluators(evaluators, self.backdoor is not None)
     self.server_data = None if server_data is None else ClientData(
         jnp.asarray(server_data.x), jnp.asarray(server_data.y, jnp.int32), jnp.asarray(server_data.n, jnp.int32))
     place = getattr(self.strategy, "place_clients", None)
@@ -295,35 +300,32 @@ class Simulator:
 
     return jax.jit(all_clients) if is_traceable(self.strategy) else all_clients
 
+  def score_clients(self, state: SimState):
+    """``(correct, count)`` per client of each client's own evaluation model (a dict over ``eval_models``)."""
+    return self._eval_clients(state.server, state.clients, self.train, self.test, eval_key(state.key, state.round))
+
   def evaluate(self, state: SimState) -> dict[str, Any]:
-    """Global-model accuracy on the global test set and per-client accuracy on each client's test split.
+    """The configured evaluators (``metrics/evaluators.py``; default ``accuracy``, plus ``backdoor`` with one).
 
     ``client_acc_*`` score each client's own evaluation model (``personal_params``);
     ``global_client_acc_weighted`` scores the global model on the same splits.
     ``*_mean`` is the plain mean over clients; ``*_weighted`` weights by
     test-split size (= total correct / total scored). With a malicious mask,
     ``benign_acc_*`` and ``global_benign_acc_weighted`` count benign clients only
-    (FedCAP's TAcc, spec §4.4).
+    (FedCAP's TAcc, spec §4.4). Every evaluator's device values come to the host in one transfer.
     """
-    metrics: dict[str, Any] = {}
+    global_model = self.algorithm.global_params(state.server)
+    raw = jax.device_get({name: EVALUATORS[name](self, state, global_model) for name in self.evaluators})
     benign = None if self.malicious is None else ~self.malicious
-    global_params = self.algorithm.global_params(state.server)
-    if global_params is not None:
-      correct, count = self._eval_global(global_params, *self.global_test)
-      metrics["global_test_acc"] = float(correct) / max(int(count), 1)
-      correct, count = map(np.asarray, self._eval_global_on_clients(global_params, self.test))
-      metrics["global_client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
-      if benign is not None:
-        metrics["global_benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
-      if self.backdoor is not None:
-        asr, confidence = self._eval_backdoor(global_params, *self.backdoor)
-        metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
-    scored = self._eval_clients(state.server, state.clients, self.train, self.test, eval_key(state.key, state.round))
-    if self.algorithm.eval_models:
-      for name in self.algorithm.eval_models:
-        metrics.update(_client_metrics(*scored[name], benign, prefix=f"{name}_"))
-      scored = scored[self.algorithm.eval_models[0]]
-    metrics.update(_client_metrics(*scored, benign))
+    metrics: dict[str, Any] = {}
+    if "accuracy" in raw:
+      metrics.update(accuracy_record(raw["accuracy"], benign, self.algorithm.eval_models, _client_metrics))
+    if raw.get("backdoor", {}).get("backdoor") is not None:
+      asr, confidence = raw["backdoor"]["backdoor"]
+      metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
+    for name, values in raw.items():  # evaluators registered later report their own scalars as they are
+      if name not in ("accuracy", "backdoor"):
+        metrics.update({k: np.asarray(v).tolist() for k, v in values.items()})
     return metrics
 
 

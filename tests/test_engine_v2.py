@@ -378,3 +378,32 @@ def test_every_client_malicious_warns(caplog):
   with caplog.at_level("WARNING"):
     build_experiment(_config(**{"attack.name": "sign_flip", "attack.fraction": 1.0}))
   assert "every client is malicious" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------ 4. evaluators
+def test_evaluators_are_chosen_in_the_config():
+  from fedjax_robust.experiment import build_experiment
+  exp = build_experiment(_config(**{"eval.metrics": "accuracy"}))
+  state, _ = exp.simulator.run_round(exp.init_state())
+  metrics = exp.simulator.evaluate(state)
+  assert {"global_test_acc", "global_client_acc_weighted", "client_acc_mean"} <= set(metrics)
+  assert isinstance(metrics["global_test_acc"], float)
+  with pytest.raises(ValueError, match="unknown evaluator"):
+    build_experiment(_config(**{"eval.metrics": "accuracy,robustness"}))
+  with pytest.raises(ValueError, match="no backdoor attack"):
+    build_experiment(_config(**{"eval.metrics": "backdoor"}))
+  bd = build_experiment(_config(**{"attack.data.kind": "backdoor", "attack.fraction": 0.34}))
+  assert bd.simulator.evaluators == ("accuracy", "backdoor")
+  assert "backdoor_asr" in bd.simulator.evaluate(bd.init_state())
+
+
+def test_resuming_a_run_stored_before_a_config_field_existed():
+  """A stored config without a field added later (left at its default) is the same experiment."""
+  import json
+  from fedjax_robust.experiment import default_config, resume_mismatches
+  current = json.loads(default_config().to_json_best_effort())
+  stored = json.loads(default_config().to_json_best_effort())
+  del stored["sampler"], stored["attack"]["fields"]
+  assert resume_mismatches(stored, current) == []
+  current["sampler"]["name"] = "forced"
+  assert resume_mismatches(stored, current) == ["sampler.name"]

@@ -1,0 +1,86 @@
+"""Evaluators: what a run measures at each evaluation, chosen in the config (``eval.metrics``).
+
+An evaluator is ``fn(sim, state, global_model) -> {name: value}``, registered by name. It uses the
+simulator's compiled scoring kernels (built once) and returns device values; the simulator moves
+everything to the host once, when the round's record is written. ``global_model`` is the server model
+(params or variables) or ``None`` for algorithms without one (Local, FedFomo).
+
+* ``accuracy``: the global model on the global test set and on every client's test split
+  (``global_test_acc``, ``global_client_acc_weighted``, ``global_benign_acc_weighted``), and each
+  client's own evaluation model (``client_acc_*``, ``benign_acc_*``, per ``eval_models``).
+* ``backdoor``: the global model's attack success rate and backdoor confidence on the triggered
+  global test set (needs a backdoor attack, ``attack.data.kind`` = ``backdoor`` / ``dba``).
+
+``auto`` (the default) is ``accuracy`` plus ``backdoor`` when the run has a backdoor. Robust accuracy
+under a named attack (FGSM/PGD/CW) registers here with the adversarial kernels (FedALC issue).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+EvaluatorFn = Callable[[Any, Any, Any], dict]
+EVALUATORS: dict[str, EvaluatorFn] = {}
+
+
+def register_evaluator(name: str, fn: EvaluatorFn) -> None:
+  if name in EVALUATORS:
+    raise ValueError(f"evaluator {name!r} is already registered")
+  EVALUATORS[name] = fn
+
+
+def resolve_evaluators(names, has_backdoor: bool) -> tuple[str, ...]:
+  """``"auto"``, a comma-separated string or a sequence -> checked evaluator names."""
+  if names is None or names == "auto":
+    return ("accuracy", "backdoor") if has_backdoor else ("accuracy",)
+  if isinstance(names, str):
+    names = [n for n in names.replace(" ", "").split(",") if n]
+  names = tuple(names)
+  unknown = [n for n in names if n not in EVALUATORS]
+  if unknown:
+    raise ValueError(f"unknown evaluator(s) {unknown}; known: {sorted(EVALUATORS)} or 'auto'")
+  if "backdoor" in names and not has_backdoor:
+    raise ValueError("eval.metrics asks for 'backdoor' but the run has no backdoor attack (attack.data.kind)")
+  return names
+
+
+def _accuracy(sim, state, global_model) -> dict:
+  out: dict[str, Any] = {}
+  if global_model is not None:
+    out["global_test"] = sim._eval_global(global_model, *sim.global_test)
+    out["global_on_clients"] = sim._eval_global_on_clients(global_model, sim.test)
+  out["clients"] = sim.score_clients(state)
+  return out
+
+
+def _backdoor(sim, state, global_model) -> dict:
+  del state
+  if global_model is None:
+    return {}
+  return {"backdoor": sim._eval_backdoor(global_model, *sim.backdoor)}
+
+
+register_evaluator("accuracy", _accuracy)
+register_evaluator("backdoor", _backdoor)
+
+
+def accuracy_record(raw: dict, benign, eval_models, client_metrics) -> dict:
+  """Host-side metrics of the ``accuracy`` evaluator's raw counts (``client_metrics``: the simulator's per-client
+  summary)."""
+  metrics: dict[str, Any] = {}
+  if "global_test" in raw:
+    correct, count = raw["global_test"]
+    metrics["global_test_acc"] = float(correct) / max(int(count), 1)
+    correct, count = map(np.asarray, raw["global_on_clients"])
+    metrics["global_client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
+    if benign is not None:
+      metrics["global_benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
+  scored = raw["clients"]
+  if eval_models:
+    for name in eval_models:
+      metrics.update(client_metrics(*scored[name], benign, prefix=f"{name}_"))
+    scored = scored[eval_models[0]]
+  metrics.update(client_metrics(*scored, benign))
+  return metrics
