@@ -333,9 +333,8 @@ def jax_runner(wl, data, apply_fn, params, name: str, ndev, unroll, seed: int):
   if is_traceable(sim.strategy):
     t = time.perf_counter()
     compiled = sim.lower_round(state).compile()
-    # lower_round(state) lowers round(state, train[, server_data]) (server_data: engine v2)
-    extra = (sim.server_data,) if hasattr(sim, "server_data") else ()
-    return (lambda s: compiled(s, sim.train, *extra)[0]), state, time.perf_counter() - t
+    # lower_round(state) lowers round(state, inputs): the run's data is an argument (engine v2)
+    return (lambda s: compiled(s, sim.inputs)[0]), state, time.perf_counter() - t
   return (lambda s: sim.run_round(s)[0]), state, None
 
 

@@ -274,7 +274,7 @@ def bench_engine(wl, data, apply_fn, params, strategy_name, num_devices, unroll,
     t = time.perf_counter()
     compiled = sim.lower_round(state).compile()
     compile_s = time.perf_counter() - t
-    step = lambda s: compiled(s, sim.train, sim.server_data)[0]
+    step = lambda s: compiled(s, sim.inputs)[0]
   else:
     step = lambda s: sim.run_round(s)[0]
   first, times, after_first = _time_rounds(step, state, rounds, min_time, max_time)
@@ -325,7 +325,7 @@ def trap_child(args) -> None:
   print(json.dumps({"compile_s": time.perf_counter() - t}), flush=True)
   for _ in range(1):  # one round: it is the slow path
     t = time.perf_counter()
-    state = _block(compiled(state, sim.train, sim.server_data)[0])
+    state = _block(compiled(state, sim.inputs)[0])
     print(json.dumps({"round_s": time.perf_counter() - t}), flush=True)
 
 

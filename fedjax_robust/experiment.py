@@ -49,6 +49,10 @@ def default_config() -> ml_collections.ConfigDict:
   """Every experiment field with its default (FedAvg on digits with a small MLP)."""
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # Several seeds as ONE vmapped program (fedjax_robust/run.py): "0,1,2" runs the config once per seed, with each
+  # field of seed_fields set to that seed; "" = one run with `seed`.
+  c.seeds = ""
+  c.seed_fields = "seed,data.seed,attack.seed"
   c.rounds = 20
   c.eval_every = 1
   c.data = default_data_config()
@@ -493,6 +497,9 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
     raise ValueError(f"rounds and eval_every must be >= 1, got {config.rounds}, {config.eval_every}")
   if config.output.checkpoint_every < 0:
     raise ValueError(f"output.checkpoint_every must be >= 0, got {config.output.checkpoint_every}")
+  if config.get("seeds"):
+    from fedjax_robust.run import run_seeds  # several seeds: one vmapped program
+    return run_seeds(config, run_dir)
   exp = build_experiment(config)
   if run_dir is None:
     name = config.output.name or f"{config.data.name}_{config.algorithm.name}_{time.strftime('%Y%m%d-%H%M%S')}"

@@ -41,7 +41,9 @@ NEEDS = ("reference_update", "features", "penultimate_weights")
 class RoundContext(NamedTuple):
   round: jax.Array  # int32: rounds completed before this one
   cohort: jax.Array  # [C] client ids
-  malicious: jax.Array  # [C] bool: attacker-controlled cohort members (all False without attackers)
+  # [C] bool: attacker-controlled cohort members of the run's mask; None when the run declares none (an upload
+  # transform then uses the mask it was built with)
+  malicious: Optional[jax.Array]
   weights: jax.Array  # [C] float32 aggregation weights (sample counts; 0 = must not count)
   global_params: PyTree = None  # the server model the cohort started from (None when there is none)
   server_data: Any = None  # ClientData held by the server, or None

@@ -49,6 +49,19 @@ class SimState(NamedTuple):
   key: jax.Array  # the run key (constant): see round_keys / eval_key
 
 
+class RunInputs(NamedTuple):
+  """Everything a run reads that is data rather than program: an argument of every compiled round and
+  evaluation, never a closure, so the same program serves several seeds' partitions, attackers and server
+  sets stacked on a leading axis (:mod:`fedjax_robust.run`)."""
+
+  train: ClientData  # [K, n_max, ...]
+  test: ClientData  # [K, n_test_max, ...]
+  global_test: tuple  # (x [N, ...], y [N])
+  malicious: jax.Array  # [K] bool (all False without an attack)
+  server_data: Optional[ClientData] = None  # FLTrust's root set, FLARE's auxiliary set, FedVSA's validation set
+  backdoor_x: Optional[jax.Array] = None  # the triggered global test inputs (backdoor / DBA runs)
+
+
 class _Prepared(NamedTuple):
   cohort: jax.Array
   payload: PyTree
@@ -143,12 +156,19 @@ class Simulator:
     self.evaluators = resolve_evaluators(evaluators, self.backdoor is not None)
     self.server_data = None if server_data is None else ClientData(
         jnp.asarray(server_data.x), jnp.asarray(server_data.y, jnp.int32), jnp.asarray(server_data.n, jnp.int32))
+    self.backdoor_target = None if self.backdoor is None else self.backdoor[1]
     place = getattr(self.strategy, "place_clients", None)
     if place is not None:  # shard the per-client data over the mesh under shard_map (identity otherwise)
       self.train, self.test = place(self.train), place(self.test)
     self._malicious_dev = jnp.zeros((self.num_clients,), bool) if self.malicious is None else jnp.asarray(
         self.malicious)
     self._build()
+
+  @property
+  def inputs(self) -> RunInputs:
+    """This simulator's data as the :class:`RunInputs` argument of its compiled functions."""
+    return RunInputs(self.train, self.test, self.global_test, self._malicious_dev, self.server_data,
+                     None if self.backdoor is None else self.backdoor[0])
 
   # ----------------------------------------------------------------------------------- state
   def init(self, params: PyTree, seed: int | jax.Array = 0, model_state: Optional[dict] = None) -> SimState:
@@ -170,18 +190,22 @@ class Simulator:
     return SimState(jnp.zeros((), jnp.int32), server, clients, key)
 
   # ----------------------------------------------------------------------------------- rounds
-  def _prepare(self, state: SimState, train: ClientData) -> _Prepared:
+  def _prepare(self, state: SimState, train: ClientData, malicious: Optional[jax.Array] = None) -> _Prepared:
     cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
     mask_fn = self.algorithm.sampling_mask
     cohort = self.sampler.sample(cohort_key, state.round, self.num_clients, self.cohort_size,
                                  None if mask_fn is None else mask_fn(state.server))
     data = _gather(train, cohort)
     client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
-    return _Prepared(cohort, self._broadcast(state.server, cohort), _gather(state.clients, cohort), data,
-                     client_keys, data.n.astype(jnp.float32), aux_key, server_key)
+    payload = self._broadcast(state.server, cohort, self._malicious_dev if malicious is None else malicious)
+    return _Prepared(cohort, payload, _gather(state.clients, cohort), data, client_keys,
+                     data.n.astype(jnp.float32), aux_key, server_key)
 
-  def _broadcast(self, server: PyTree, client_ids: jax.Array) -> PyTree:
-    """The payload: one tree for everyone, or ``(shared, per_client [C, ...])`` for ``uses_client_ids``."""
+  def _broadcast(self, server: PyTree, client_ids: jax.Array, malicious: jax.Array) -> PyTree:
+    """The payload: one tree for everyone, or ``(shared, per_client [C, ...])`` for ``uses_client_ids``
+    (given the run's ``[K]`` malicious mask too with ``uses_malicious``)."""
+    if self.algorithm.uses_malicious:  # without a run mask, the algorithm's own (given when it was built)
+      return self.algorithm.broadcast(server, client_ids, None if self.malicious is None else malicious)
     if self.algorithm.uses_client_ids:
       return self.algorithm.broadcast(server, client_ids)
     return self.algorithm.broadcast(server)
@@ -197,17 +221,17 @@ class Simulator:
   def _addressed_update(self, shared, own, client_state, data, key) -> ClientOutput:
     return self.algorithm.client_update((shared, own), client_state, data, key)
 
-  def round_context(self, state: SimState, prep: _Prepared, server_data: Optional[ClientData]) -> RoundContext:
+  def round_context(self, state: SimState, prep: _Prepared, inputs: RunInputs) -> RoundContext:
     """The typed context of this round (``fedjax_robust.round_context``)."""
     global_params = self.algorithm.global_params(state.server)
     if isinstance(global_params, dict) and "params" in global_params:
       global_params = global_params["params"]  # rules and attacks see trainable parameters only
-    return RoundContext(state.round, prep.cohort, self._malicious_dev[prep.cohort], prep.weights, global_params,
-                        server_data)
+    malicious = None if self.malicious is None else inputs.malicious[prep.cohort]
+    return RoundContext(state.round, prep.cohort, malicious, prep.weights, global_params, inputs.server_data)
 
-  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput, server_data: Optional[ClientData] = None):
+  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput, inputs: RunInputs):
     uploads = out.upload
-    context = self.round_context(state, prep, server_data)
+    context = self.round_context(state, prep, inputs)
     if self.upload_transform is not None:
       uploads = self.upload_transform(uploads, prep.cohort, prep.aux_key, context)
     extra = (prep.cohort,) if self.algorithm.uses_client_ids else ()
@@ -225,26 +249,22 @@ class Simulator:
     if self.malicious is not None:
       # The attackers' own training is discarded by the attack, and may diverge (e.g. a drifting customized model
       # under FedCAP without detection), so the benign clients' loss is the one to watch.
-      benign_steps = jnp.where(jnp.asarray(self.malicious)[prep.cohort], 0, steps)
+      benign_steps = jnp.where(context.malicious, 0, steps)
       metrics["benign_train_loss"] = _step_weighted_mean(out.metrics["loss"], benign_steps)
     if self.malicious is not None and "flagged" in diagnostics:
-      rates = detection_rates(diagnostics["flagged"], jnp.asarray(self.malicious)[prep.cohort])
+      rates = detection_rates(diagnostics["flagged"], context.malicious)
       metrics.update({f"detection_{k}": v for k, v in rates.items()})
     return SimState(state.round + 1, server, clients, state.key), metrics
 
   def _build(self):
     if is_traceable(self.strategy):
-      def round_fn(state, train, server_data):
-        prep = self._prepare(state, train)
-        return self._finish(state, prep, self._map_clients(prep), server_data)
-
-      self._round = jax.jit(round_fn)
+      self._round = jax.jit(self.round_step)
     else:
       prepare, finish = jax.jit(self._prepare), jax.jit(self._finish)
 
-      def round_fn(state, train, server_data):
-        prep = prepare(state, train)
-        return finish(state, prep, self._map_clients(prep), server_data)
+      def round_fn(state, inputs: RunInputs):
+        prep = prepare(state, inputs.train, inputs.malicious)
+        return finish(state, prep, self._map_clients(prep), inputs)
 
       self._round = round_fn
     self._eval_clients = self._build_client_eval()
@@ -254,7 +274,7 @@ class Simulator:
       logits = jax.lax.map(lambda xb: self.apply_fn(params, xb[None])[0], x, batch_size=self.eval_batch_size)
       return (attack_success_rate(jnp.argmax(logits, -1), target), backdoor_confidence(logits, target))
 
-    self._eval_backdoor = jax.jit(backdoor_metrics)
+    self._eval_backdoor = jax.jit(backdoor_metrics, static_argnums=2)
 
     # The global model on every client's test split: one model, K datasets (the many-model kernel with the
     # model broadcast; a plain vmap over data, no grouped conv).
@@ -265,14 +285,21 @@ class Simulator:
       return scores.correct[:, 0], scores.count[:, 0]
 
     self._eval_global_on_clients = jax.jit(global_on_clients)
+    self._evaluate_raw = jax.jit(self.evaluation_step) if is_traceable(self.strategy) else self.evaluation_step
+
+  def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
+    """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
+    :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
+    prep = self._prepare(state, inputs.train, inputs.malicious)
+    return self._finish(state, prep, self._map_clients(prep), inputs)
 
   def run_round(self, state: SimState) -> tuple[SimState, dict]:
     """One federated round; returns the new state and device-side scalar metrics."""
-    return self._round(state, self.train, self.server_data)
+    return self._round(state, self.inputs)
 
   def lower_round(self, state: SimState):
     """The lowered round program (traceable strategies only), for compile-time measurement."""
-    return self._round.lower(state, self.train, self.server_data)
+    return self._round.lower(state, self.inputs)
 
   # ----------------------------------------------------------------------------------- evaluation
   def _build_client_eval(self):
@@ -289,20 +316,43 @@ class Simulator:
     def addressed_client(shared, own, client_state, train: ClientData, test: ClientData, key):
       return score(alg.personal_params((shared, own), client_state, train, key), test)
 
-    def all_clients(server, clients, train, test, key):
+    def all_clients(server, clients, train, test, key, malicious):
       ids = jnp.arange(self.num_clients)
       keys = jax.vmap(lambda c: jax.random.fold_in(key, c))(ids)
       if alg.uses_client_ids:
-        shared, per_client = alg.broadcast(server, ids)
+        shared, per_client = self._broadcast(server, ids, malicious)
         return self.strategy.map(addressed_client, (None, 0, 0, 0, 0, 0), shared, per_client, clients, train, test,
                                  keys)
       return self.strategy.map(one_client, (None, 0, 0, 0, 0), alg.broadcast(server), clients, train, test, keys)
 
-    return jax.jit(all_clients) if is_traceable(self.strategy) else all_clients
+    return all_clients
 
-  def score_clients(self, state: SimState):
+  def score_clients(self, state: SimState, inputs: Optional[RunInputs] = None):
     """``(correct, count)`` per client of each client's own evaluation model (a dict over ``eval_models``)."""
-    return self._eval_clients(state.server, state.clients, self.train, self.test, eval_key(state.key, state.round))
+    inputs = self.inputs if inputs is None else inputs
+    return self._eval_clients(state.server, state.clients, inputs.train, inputs.test,
+                              eval_key(state.key, state.round), inputs.malicious)
+
+  def evaluation_step(self, state: SimState, inputs: RunInputs) -> dict:
+    """The configured evaluators' device values, a pure function of ``(state, inputs)`` (traced inside
+    :func:`fedjax_robust.run.make_run`); :meth:`evaluation_record` turns them into the logged metrics."""
+    global_model = self.algorithm.global_params(state.server)
+    return {name: EVALUATORS[name](self, state, global_model, inputs) for name in self.evaluators}
+
+  def evaluation_record(self, raw: dict, malicious: Optional[np.ndarray] = None) -> dict[str, Any]:
+    """Host-side metrics from :meth:`evaluation_step`'s values (``malicious``: this run's attackers)."""
+    malicious = self.malicious if malicious is None else np.asarray(malicious, bool)
+    benign = None if self.malicious is None else ~malicious
+    metrics: dict[str, Any] = {}
+    if "accuracy" in raw:
+      metrics.update(accuracy_record(raw["accuracy"], benign, self.algorithm.eval_models, _client_metrics))
+    if raw.get("backdoor", {}).get("backdoor") is not None:
+      asr, confidence = raw["backdoor"]["backdoor"]
+      metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
+    for name, values in raw.items():  # evaluators registered later report their own scalars as they are
+      if name not in ("accuracy", "backdoor"):
+        metrics.update({k: np.asarray(v).tolist() for k, v in values.items()})
+    return metrics
 
   def evaluate(self, state: SimState) -> dict[str, Any]:
     """The configured evaluators (``metrics/evaluators.py``; default ``accuracy``, plus ``backdoor`` with one).
@@ -314,19 +364,7 @@ class Simulator:
     ``benign_acc_*`` and ``global_benign_acc_weighted`` count benign clients only
     (FedCAP's TAcc, spec §4.4). Every evaluator's device values come to the host in one transfer.
     """
-    global_model = self.algorithm.global_params(state.server)
-    raw = jax.device_get({name: EVALUATORS[name](self, state, global_model) for name in self.evaluators})
-    benign = None if self.malicious is None else ~self.malicious
-    metrics: dict[str, Any] = {}
-    if "accuracy" in raw:
-      metrics.update(accuracy_record(raw["accuracy"], benign, self.algorithm.eval_models, _client_metrics))
-    if raw.get("backdoor", {}).get("backdoor") is not None:
-      asr, confidence = raw["backdoor"]["backdoor"]
-      metrics["backdoor_asr"], metrics["backdoor_confidence"] = float(asr), float(confidence)
-    for name, values in raw.items():  # evaluators registered later report their own scalars as they are
-      if name not in ("accuracy", "backdoor"):
-        metrics.update({k: np.asarray(v).tolist() for k, v in values.items()})
-    return metrics
+    return self.evaluation_record(jax.device_get(self._evaluate_raw(state, self.inputs)))
 
 
 def _step_weighted_mean(loss: jax.Array, steps: jax.Array) -> jax.Array:

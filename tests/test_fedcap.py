@@ -8,7 +8,7 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.fedcap import FedCAPState, customization_weights, make_fedcap
-from fedjax_robust.attacks import as_upload_transform, lie_z, make_attack
+from fedjax_robust.attacks import as_upload_transform, lie_z, make_attack, request_poisoner
 from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.execution import make_strategy
 from fedjax_robust.metrics.security import detection_rates
@@ -315,7 +315,7 @@ def _round_then_request(**kw):
 
 
 def _poisoned_request(attack_name, malicious):
-  return _round_then_request(request_attack=make_attack(attack_name), malicious=malicious)
+  return _round_then_request(request_poisoner=request_poisoner(make_attack(attack_name)), malicious=malicious)
 
 
 def test_request_branch_for_clients_outside_the_pool_p19():
@@ -357,8 +357,13 @@ def test_poisoned_customization_requests_spec_2_3():
 
 def test_poisoned_requests_need_the_malicious_mask():
   _, params, apply_fn = setup()
+  alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=True,
+                    request_poisoner=request_poisoner(make_attack("lie")))
+  assert alg.uses_malicious  # the engine passes the run's mask as an argument of the round
   with pytest.raises(ValueError, match="malicious"):
-    make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=True, request_attack=make_attack("lie"))
+    alg.broadcast(alg.init_server(params), jnp.arange(K))
+  shared, own = alg.broadcast(alg.init_server(params), jnp.arange(K), jnp.array([False, True, False, False]))
+  assert np.asarray(own["malicious"]).tolist() == [False, True, False, False]
 
 
 # ----------------------------------------------------------------------------------------- engine
@@ -367,11 +372,11 @@ def test_poisoned_requests_need_the_malicious_mask():
 def test_vectorized_round_equals_sequential(request_updates, cohort, request_attack):
   data, params, apply_fn, _ = fedcap_parts()
   finals = []
-  poison = {} if request_attack is None else {"request_attack": make_attack(request_attack),
+  poison = {} if request_attack is None else {"request_poisoner": request_poisoner(make_attack(request_attack)),
                                                 "malicious": np.array([False, True, False, True])}
   for name in ("vmap", "sequential"):
     alg = make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, request_updates=request_updates, **poison)
-    sim = Simulator(alg, data, apply_fn, make_strategy(name), cohort_size=cohort)
+    sim = Simulator(alg, data, apply_fn, make_strategy(name), cohort_size=cohort, malicious=poison.get("malicious"))
     state = sim.init(params, 0)
     for _ in range(3):
       state, _ = sim.run_round(state)

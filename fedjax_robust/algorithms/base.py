@@ -33,6 +33,11 @@ are unchanged):
   the typed round context (:mod:`fedjax_robust.round_context`: round, cohort,
   malicious mask, weights, server-held data), from which it computes what its
   aggregation rule declares it needs.
+* ``uses_malicious=True`` (with ``uses_client_ids``): ``broadcast(server_state,
+  client_ids, malicious)`` also gets the run's ``[K]`` attacker mask, for
+  algorithms whose clients act out the attack inside the client kernel (FedCAP's
+  poisoned customization requests, spec §2.3). The mask is an argument of the
+  round, so runs with different attackers share one program.
 
 Model state. With a model that has non-trainable state (BatchNorm's
 ``batch_stats``), the engine calls ``init_server(params, model_state)`` and
@@ -87,3 +92,4 @@ class FedAlgorithm(NamedTuple):
   eval_models: tuple[str, ...] = ()
   sampling_mask: Optional[Callable[[PyTree], jax.Array]] = None
   uses_context: bool = False
+  uses_malicious: bool = False

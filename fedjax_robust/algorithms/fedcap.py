@@ -33,11 +33,14 @@ turns detection off (①, ④). Ditto (②) is :mod:`fedjax_robust.algorithms.di
 Partial participation (spec §1.6): with ``request_updates=True`` clients outside
 the pool compute their request update inside the client kernel and upload it
 with ``d_k``, so the server recomputes exactly the ``ŵ_k`` it would have sent.
-With ``request_attack`` (the artifact's behaviour, spec §2.3) a malicious client
+With a ``request_poisoner`` (the artifact's behaviour, spec §2.3) a malicious client
 poisons its request with the round's model attack before asking: sign flip /
 scaling / Gaussian act on its own ``r_k``; LIE, IPM, Min-Max and Min-Sum send the
 vector crafted from the server's valid calibrated pool, the pool's malicious
-members counted as the attackers (:func:`fedjax_robust.attacks.craft`). Requests
+members counted as the attackers (:mod:`fedjax_robust.attacks.requests`, built by
+the run from its attack). The attacker mask reaches ``broadcast`` as an argument
+of the round (``uses_malicious``), so seeds with different attackers share one
+program. Requests
 enter only through cosine similarities, so positive scale factors (MR's N, IPM's
 ε) do not change the customized model; the artifact's N = participants is not
 reproduced there. Requests are never norm-checked.
@@ -65,7 +68,6 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
-from fedjax_robust.attacks import OWN_UPDATE_ATTACKS, ModelAttack, craft
 from fedjax_robust.algorithms.ditto import check_pair_forward, ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
@@ -134,7 +136,7 @@ def make_fedcap(
     calibrate: bool = True,
     personalize: bool = True,
     request_updates: bool = False,
-    request_attack: Optional[ModelAttack] = None,
+    request_poisoner: Optional[Any] = None,
     malicious: Optional[Any] = None,
     pair_forward: str = "separate",
     sample_removed: bool = True,
@@ -153,10 +155,12 @@ def make_fedcap(
   extra local training (flagged clients then start from the global model; their
   uploads are discarded anyway).
 
-  ``request_attack`` with ``malicious`` (``[K]`` bool): malicious clients poison
-  their request updates with this attack (spec §2.3, module docstring); only
-  meaningful with ``request_updates``, since without requests there is nothing
-  to poison.
+  ``request_poisoner`` (:func:`fedjax_robust.attacks.request_poisoner` of the
+  run's attack): malicious clients poison their request updates (spec §2.3,
+  module docstring); only meaningful with ``request_updates``, since without
+  requests there is nothing to poison. The engine passes the run's ``[K]``
+  attacker mask to ``broadcast``; ``malicious`` is the mask used when a caller
+  of ``broadcast(state, ids)`` gives none.
 
   ``sample_removed`` (spec §6 item 9): ``True`` keeps removed clients in the
   cohort draw, as the artifact does (they take a slot and their upload is
@@ -189,14 +193,11 @@ def make_fedcap(
   keep_customized = eval_customized == "last_received"
   check_pair_forward(pair_forward)
   alpha, phi, lamda, norm_threshold = float(alpha), float(phi), float(lamda), float(norm_threshold)
-  poison_requests = request_updates and request_attack is not None and request_attack.name != "none"
-  if poison_requests:
-    if malicious is None:
-      raise ValueError("fedcap: request_attack needs the [K] malicious mask")
+  poison_requests = request_updates and request_poisoner is not None
+  if poison_requests and malicious is not None:
     malicious = jnp.asarray(malicious, bool).reshape(-1)
     if malicious.shape[0] != num_clients:
       raise ValueError(f"fedcap: malicious has {malicious.shape[0]} entries, expected num_clients={num_clients}")
-    own_update_attack = request_attack.name in OWN_UPDATE_ATTACKS
   require_stateless(as_model(apply_fn), name)
   ce_loss = classification_loss(apply_fn)
 
@@ -231,7 +232,7 @@ def make_fedcap(
                               pool_valid, alpha, phi)
     return jnp.where(jnp.any(pool_valid), aggregate_rows(w, pool_models)[0], global_flat)
 
-  def broadcast(state: FedCAPState, ids: jax.Array):
+  def broadcast(state: FedCAPState, ids: jax.Array, run_malicious: Optional[jax.Array] = None):
     global_flat, _ = ravel_pytree(state.global_params)
     in_pool = state.pool_valid[ids]
     customized = jnp.where(in_pool[:, None], pool_customized(state, ids), global_flat[None])
@@ -241,26 +242,20 @@ def make_fedcap(
       shared.update(request_reference=state.request_reference, pool_updates=state.pool_updates,
                     pool_models=state.pool_models, pool_valid=state.pool_valid)
     if poison_requests:
-      own["malicious"] = malicious[ids]
-      if not own_update_attack:
-        shared["request_poison"] = pool_crafted_request(state)
+      mal = malicious if run_malicious is None else jnp.asarray(run_malicious, bool)
+      if mal is None:
+        raise ValueError("fedcap: poisoned requests need the run's [K] malicious mask (broadcast's third argument)")
+      own["malicious"] = mal[ids]
+      if not request_poisoner.uses_own_request:
+        # the vector a malicious requester sends under a pool-statistics attack (spec §2.3)
+        shared["request_poison"] = request_poisoner.from_pool(state.pool_updates, state.pool_valid, mal,
+                                                              state.request_reference)
     return shared, own
-
-  def pool_crafted_request(state: FedCAPState) -> jax.Array:
-    """The vector a malicious requester sends under a pool-statistics attack (spec §2.3): crafted with the valid
-    calibrated pool as the reference cohort and its malicious members as the attackers (N, M counted there)."""
-    flat = jnp.concatenate([state.pool_updates, jnp.zeros_like(state.pool_updates[:1])])
-    mask = jnp.concatenate([state.pool_valid, jnp.zeros((1,), bool)])  # the request row is not in the reference
-    mal = jnp.concatenate([malicious, jnp.ones((1,), bool)])
-    # The pool-statistics attacks are deterministic, so a fixed key is enough.
-    return craft(request_attack, flat, mal, jax.random.key(0),
-                 {"mask": mask, "global_params": state.request_reference})[-1]
 
   def poisoned_request(shared, own, request: jax.Array, key) -> jax.Array:
     """``r_k`` as a malicious client sends it (spec §2.3); benign clients' requests pass unchanged."""
-    if own_update_attack:
-      crafted = craft(request_attack, request[None], jnp.ones((1,), bool), key,
-                      {"global_params": shared["request_reference"]})[0]
+    if request_poisoner.uses_own_request:
+      crafted = request_poisoner.own(request, shared["request_reference"], key)
     else:
       crafted = shared["request_poison"]
     return jnp.where(own["malicious"], crafted, request)
@@ -339,5 +334,6 @@ def make_fedcap(
 
   return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update,
                       lambda state: state.global_params, personal_params, uses_client_ids=True,
+                      uses_malicious=poison_requests,
                       eval_models=("customized", "personalized"),
                       sampling_mask=None if sample_removed else (lambda state: ~state.removed))

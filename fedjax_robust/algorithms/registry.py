@@ -21,6 +21,7 @@ import optax
 
 from fedjax_robust.aggregators import Aggregator
 from fedjax_robust.algorithms.base import FedAlgorithm
+from fedjax_robust.attacks.requests import request_poisoner
 from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
@@ -143,7 +144,7 @@ def _build_fedcap(ctx: BuildContext) -> FedAlgorithm:
   return make_fedcap(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, alpha=float(f.alpha), phi=float(f.phi),
                      lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
                      personalize=bool(f.personalize), request_updates=bool(request),
-                     request_attack=ctx.attack if bool(f.get("poison_requests", True)) else None,
+                     request_poisoner=request_poisoner(ctx.attack) if bool(f.get("poison_requests", True)) else None,
                      malicious=ctx.malicious, pair_forward=ctx.pair_forward,
                      sample_removed=bool(f.get("sample_removed", True)),
                      eval_customized=str(f.get("eval_customized", "fresh")))

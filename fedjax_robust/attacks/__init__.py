@@ -19,6 +19,7 @@ from fedjax_robust.attacks.model_poisoning import (boosting, craft_min_max_sum, 
                                                    sign_flip)
 from fedjax_robust.attacks.registry import (ATTACKS, OWN_UPDATE_ATTACKS, attack_from_config, attack_params,
                                             make_attack)
+from fedjax_robust.attacks.requests import RequestPoisoner, request_poisoner
 
 __all__ = [
     "ModelAttack", "as_upload_transform", "craft", "ravel_stack", "add_pixel_trigger", "backdoor_poison",
@@ -26,5 +27,6 @@ __all__ = [
     "poison_federated_data", "semantic_backdoor_set", "triggered_test_set", "fang_krum", "fang_lambda0",
     "fang_median", "fang_trimmed_mean", "krum_select", "boosting", "craft_min_max_sum", "gamma_search",
     "gaussian", "identity", "ipm", "lie", "lie_z", "min_max", "min_sum", "scaling", "sign_flip", "ATTACKS",
-    "OWN_UPDATE_ATTACKS", "attack_from_config", "attack_params", "make_attack",
+    "OWN_UPDATE_ATTACKS", "attack_from_config", "attack_params", "make_attack", "RequestPoisoner",
+    "request_poisoner",
 ]

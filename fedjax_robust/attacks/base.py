@@ -193,13 +193,17 @@ def as_upload_transform(attack: ModelAttack, malicious_clients, field: str = "de
     if round_context is not None and hasattr(round_context, "as_dict"):
       round_context = round_context.as_dict()
     ctx = {**static, **{k: v for k, v in (round_context or {}).items() if v is not None}}
+    # The round's own attacker mask when the engine gives one (an argument of the round, so seeds with different
+    # attackers share one program); the mask given here otherwise.
+    cohort_malicious = ctx.get("malicious")
+    cohort_malicious = mal_k[cohort] if cohort_malicious is None else jnp.asarray(cohort_malicious, bool)
     missing = [f for f in fields if f not in uploads]
     if missing:
       raise ValueError(f"attack {attack.name!r} poisons upload fields {missing}, but this algorithm uploads "
                        f"{sorted(uploads)} (attack.fields)")
     poisoned = dict(uploads)
     for i, f in enumerate(fields):
-      poisoned[f] = attack.apply(uploads[f], mal_k[cohort], jax.random.fold_in(key, i) if i else key, ctx)
+      poisoned[f] = attack.apply(uploads[f], cohort_malicious, jax.random.fold_in(key, i) if i else key, ctx)
     return poisoned
 
   return transform

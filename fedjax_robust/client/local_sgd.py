@@ -110,12 +110,15 @@ def epoch_permutations(key: jax.Array, n: jax.Array, n_max: int, epochs: int, sh
   """``[epochs, n_max]`` sample orders: a permutation of ``0..n-1`` followed by the padding rows.
 
   Sorting uniform draws with the padding rows pinned above 1 gives a uniformly
-  random order of the real rows with a static shape.
+  random order of the real rows with a static shape. Row ``i``'s draw in epoch ``e`` comes from its own key
+  ``fold_in(fold_in(key, e), i)``, so the order of the real rows does not depend on ``n_max``: a client padded
+  to more rows (several seeds' partitions stacked in one program) trains exactly as it would alone.
   """
   positions = jnp.arange(n_max)
   if not shuffle:
     return jnp.broadcast_to(positions, (epochs, n_max))
-  draws = jax.random.uniform(key, (epochs, n_max))
+  row_draw = lambda e, i: jax.random.uniform(jax.random.fold_in(jax.random.fold_in(key, e), i))
+  draws = jax.vmap(lambda e: jax.vmap(lambda i: row_draw(e, i))(positions))(jnp.arange(epochs))
   draws = jnp.where(positions[None, :] < n, draws, 2.0 + positions[None, :])
   return jnp.argsort(draws, axis=1)
 

@@ -1,8 +1,10 @@
 """Evaluators: what a run measures at each evaluation, chosen in the config (``eval.metrics``).
 
-An evaluator is ``fn(sim, state, global_model) -> {name: value}``, registered by name. It uses the
-simulator's compiled scoring kernels (built once) and returns device values; the simulator moves
-everything to the host once, when the round's record is written. ``global_model`` is the server model
+An evaluator is ``fn(sim, state, global_model, inputs) -> {name: value}``, registered by name: a
+traceable function of the state and the run's :class:`~fedjax_robust.simulation.RunInputs` (test
+splits, attackers, triggered inputs) using the simulator's scoring kernels. Its device values are
+compiled with the others into one evaluation program (or into the whole run's, ``fedjax_robust.run``)
+and come to the host once, when the round's record is written. ``global_model`` is the server model
 (params or variables) or ``None`` for algorithms without one (Local, FedFomo).
 
 * ``accuracy``: the global model on the global test set and on every client's test split
@@ -21,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-EvaluatorFn = Callable[[Any, Any, Any], dict]
+EvaluatorFn = Callable[[Any, Any, Any, Any], dict]
 EVALUATORS: dict[str, EvaluatorFn] = {}
 
 
@@ -46,20 +48,20 @@ def resolve_evaluators(names, has_backdoor: bool) -> tuple[str, ...]:
   return names
 
 
-def _accuracy(sim, state, global_model) -> dict:
+def _accuracy(sim, state, global_model, inputs) -> dict:
   out: dict[str, Any] = {}
   if global_model is not None:
-    out["global_test"] = sim._eval_global(global_model, *sim.global_test)
-    out["global_on_clients"] = sim._eval_global_on_clients(global_model, sim.test)
-  out["clients"] = sim.score_clients(state)
+    out["global_test"] = sim._eval_global(global_model, *inputs.global_test)
+    out["global_on_clients"] = sim._eval_global_on_clients(global_model, inputs.test)
+  out["clients"] = sim.score_clients(state, inputs)
   return out
 
 
-def _backdoor(sim, state, global_model) -> dict:
+def _backdoor(sim, state, global_model, inputs) -> dict:
   del state
   if global_model is None:
     return {}
-  return {"backdoor": sim._eval_backdoor(global_model, *sim.backdoor)}
+  return {"backdoor": sim._eval_backdoor(global_model, inputs.backdoor_x, sim.backdoor_target)}
 
 
 register_evaluator("accuracy", _accuracy)

@@ -1,0 +1,265 @@
+"""Whole experiments as one compiled program, and several seeds as one vmapped program (PureJaxRL-style).
+
+:func:`make_run` turns a :class:`~fedjax_robust.simulation.Simulator` into a pure function
+``run(state, inputs) -> (state, RunTrace)``: every round of the experiment runs inside ``lax.scan``
+and the configured evaluators run inside the program every ``eval_every`` rounds (and after the
+last), so nothing returns to the host until the run is over. Because the run's data is an argument
+(:class:`~fedjax_robust.simulation.RunInputs`: client splits, attackers, server set, triggered
+inputs) and so is the state (initial model, run key), ``jax.vmap(run)`` runs N seeds at once, each
+with its own partition, attackers and initialization, built on the host and stacked.
+
+:func:`run_seeds` is that for a config: ``--config.seeds=0,1,2`` builds the experiment once per
+seed (``seed``, and by default ``data.seed`` and ``attack.seed``, set to the seed: ``seed_fields``),
+pads the client splits to common shapes (padding never changes a client's numbers: see
+``client.local_sgd``), stacks them, runs one program, and writes one run directory per seed plus a
+summary with the mean and standard deviation over seeds. Each seed's metrics equal those of the
+separate run with the same three fields (``tests/test_run.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_robust.client import ClientData
+from fedjax_robust.execution import is_traceable
+from fedjax_robust.simulation import RunInputs, SimState, Simulator
+
+logger = logging.getLogger("fedjax_robust")
+
+PyTree = Any
+
+
+class RunTrace(NamedTuple):
+  """What a whole-run program returns besides the final state."""
+
+  rounds: dict  # every round's metrics, each leaf with a leading [rounds] axis
+  evaluations: dict  # the evaluators' raw values, each leaf with a leading [len(eval_rounds)] axis
+
+
+def eval_rounds(rounds: int, eval_every: int) -> list[int]:
+  """The 1-indexed rounds after which a run evaluates: every ``eval_every``-th and the last."""
+  if rounds < 1 or eval_every < 1:
+    raise ValueError(f"rounds and eval_every must be >= 1, got {rounds}, {eval_every}")
+  points = list(range(eval_every, rounds + 1, eval_every))
+  return points if points and points[-1] == rounds else points + [rounds]
+
+
+def make_run(sim: Simulator, rounds: int, eval_every: int):
+  """``run(state, inputs) -> (final_state, RunTrace)``: ``rounds`` rounds in ``lax.scan`` with the evaluators
+  after every ``eval_every``-th round and the last, a pure traceable function (jit it, vmap it over seeds).
+
+  Needs a traceable strategy (``vmap``; ``shard_map`` too, unvmapped): the sequential reference is a Python loop.
+  """
+  if not is_traceable(sim.strategy):
+    raise ValueError("make_run needs a traceable strategy (engine.strategy vmap or shard_map), not sequential")
+  blocks, tail = divmod(int(rounds), int(eval_every))
+  eval_rounds(rounds, eval_every)  # checks the arguments
+
+  def rounds_then_evaluate(state, inputs: RunInputs, length: int):
+    state, metrics = jax.lax.scan(lambda s, _: sim.round_step(s, inputs), state, None, length=length)
+    return state, metrics, sim.evaluation_step(state, inputs)
+
+  def run(state: SimState, inputs: RunInputs):
+    round_parts, eval_parts = [], []
+    if blocks:
+      def block(s, _):
+        s, metrics, evaluation = rounds_then_evaluate(s, inputs, eval_every)
+        return s, (metrics, evaluation)
+
+      state, (metrics, evaluation) = jax.lax.scan(block, state, None, length=blocks)
+      round_parts.append(jax.tree.map(lambda a: a.reshape((blocks * eval_every,) + a.shape[2:]), metrics))
+      eval_parts.append(evaluation)
+    if tail:
+      state, metrics, evaluation = rounds_then_evaluate(state, inputs, tail)
+      round_parts.append(metrics)
+      eval_parts.append(jax.tree.map(lambda a: a[None], evaluation))
+    concat = lambda parts: jax.tree.map(lambda *a: jnp.concatenate(a), *parts) if len(parts) > 1 else parts[0]
+    return state, RunTrace(concat(round_parts), concat(eval_parts))
+
+  return run
+
+
+# ------------------------------------------------------------------------------------------- stacking
+def pad_rows(data: ClientData, n_max: int) -> ClientData:
+  """``data`` with its per-client row axis zero-padded to ``n_max`` (``n`` unchanged, so the new rows are padding)."""
+  extra = n_max - data.x.shape[1]
+  if extra < 0:
+    raise ValueError(f"cannot pad {data.x.shape[1]} rows down to {n_max}")
+  if extra == 0:
+    return data
+  pad = lambda a: jnp.pad(a, [(0, 0), (0, extra)] + [(0, 0)] * (a.ndim - 2))
+  return ClientData(pad(data.x), pad(data.y), data.n)
+
+
+def stack_trees(trees: Sequence[PyTree], what: str) -> PyTree:
+  """Stacks structurally identical trees on a new leading axis; a clear error names what differs."""
+  first = jax.tree.structure(trees[0])
+  for i, tree in enumerate(trees[1:], 1):
+    if jax.tree.structure(tree) != first:
+      raise ValueError(f"{what}: seed #{i} has a different structure than seed #0")
+    shapes = [np.shape(a) for a in jax.tree.leaves(tree)]
+    if shapes != [np.shape(a) for a in jax.tree.leaves(trees[0])]:
+      raise ValueError(f"{what}: seed #{i} has shapes {shapes} where seed #0 has "
+                       f"{[np.shape(a) for a in jax.tree.leaves(trees[0])]}")
+  return jax.tree.map(lambda *a: jnp.stack(a), *trees)
+
+
+def stack_inputs(inputs: Sequence[RunInputs]) -> RunInputs:
+  """The seeds' :class:`RunInputs` padded to common client-split shapes and stacked on a leading seed axis."""
+  n_train = max(i.train.x.shape[1] for i in inputs)
+  n_test = max(i.test.x.shape[1] for i in inputs)
+  padded = [i._replace(train=pad_rows(i.train, n_train), test=pad_rows(i.test, n_test)) for i in inputs]
+  return stack_trees(padded, "run inputs")
+
+
+def unstack(tree: PyTree, index: int) -> PyTree:
+  return jax.tree.map(lambda a: a[index], tree)
+
+
+# ------------------------------------------------------------------------------------------- seeds
+DEFAULT_SEED_FIELDS = ("seed", "data.seed", "attack.seed")
+
+
+def parse_seeds(value) -> list[int]:
+  """``"0,1,2"`` / ``[0, 1, 2]`` / ``""`` -> a list of distinct ints (empty: a single run with ``config.seed``)."""
+  if value is None or value == "":
+    return []
+  items = value if isinstance(value, (list, tuple)) else str(value).replace(" ", "").strip("()[]").split(",")
+  try:
+    seeds = [int(s) for s in items if str(s) != ""]
+  except ValueError:
+    raise ValueError(f"seeds must be comma-separated integers, got {value!r}") from None
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"seeds must be distinct, got {seeds}")
+  return seeds
+
+
+def seed_config(config, seed: int, fields: Sequence[str] = DEFAULT_SEED_FIELDS):
+  """A copy of ``config`` for one seed: each dotted field in ``fields`` set to ``seed``; ``seeds`` cleared."""
+  c = copy.deepcopy(config)
+  with c.unlocked():
+    for dotted in fields:
+      *path, leaf = dotted.split(".")
+      node = c
+      for part in path:
+        if part not in node:
+          raise ValueError(f"seed_fields: {dotted!r} is not a config field")
+        node = node[part]
+      if leaf not in node:
+        raise ValueError(f"seed_fields: {dotted!r} is not a config field")
+      node[leaf] = int(seed)
+    c.seeds = ""
+  return c
+
+
+def _seed_fields(config) -> tuple[str, ...]:
+  raw = config.get("seed_fields", ",".join(DEFAULT_SEED_FIELDS))
+  fields = tuple(f for f in str(raw).replace(" ", "").split(",") if f)
+  if "seed" not in fields:
+    raise ValueError(f"seed_fields must include 'seed' (the run key), got {fields}")
+  return fields
+
+
+def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
+  """Runs ``config`` once per seed of ``config.seeds`` as ONE program (``jax.vmap`` of :func:`make_run`).
+
+  Writes ``<run_dir>/seed_<s>/`` for each seed (the same files as a single run) and ``<run_dir>/summary.json``
+  with every final scalar metric's per-seed values, mean and standard deviation (``ddof=0``: the spread of
+  these seeds). Returns that summary.
+  """
+  from fedjax_robust.experiment import (RunWriter, build_experiment, partition_record, round_record)
+
+  seeds = parse_seeds(config.seeds)
+  if not seeds:
+    raise ValueError("run_seeds needs config.seeds, e.g. '0,1,2'")
+  if config.output.checkpoint_every or config.output.resume:
+    raise ValueError("a seeds run is one program: output.checkpoint_every and output.resume are not supported")
+  fields = _seed_fields(config)
+  configs = [seed_config(config, s, fields) for s in seeds]
+  for c in configs:
+    if c.engine.strategy in ("auto", "vmap"):
+      c.engine.strategy = "vmap"  # the seed axis is a vmap: the client axis is one too
+    else:
+      raise ValueError(f"a seeds run vmaps the whole run: engine.strategy must be auto or vmap, got "
+                       f"{c.engine.strategy!r}")
+  t_build = time.perf_counter()
+  experiments = [build_experiment(c) for c in configs]
+  sims = [e.simulator for e in experiments]
+  states = stack_trees([e.init_state() for e in experiments], "initial state")
+  inputs = stack_inputs([s.inputs for s in sims])
+  build_s = time.perf_counter() - t_build
+  run = jax.jit(jax.vmap(make_run(sims[0], int(config.rounds), int(config.eval_every))))
+  logger.info("seeds %s: one program, %d rounds each, on %s", seeds, config.rounds, jax.devices())
+  t0 = time.perf_counter()
+  compiled = run.lower(states, inputs).compile()
+  compile_s = time.perf_counter() - t0
+  t1 = time.perf_counter()
+  final_states, trace = compiled(states, inputs)
+  trace = jax.device_get(trace)
+  run_s = time.perf_counter() - t1
+  wall_s = time.perf_counter() - t0
+
+  name = config.output.name or f"{config.data.name}_{config.algorithm.name}_seeds_{time.strftime('%Y%m%d-%H%M%S')}"
+  root = Path(run_dir) if run_dir is not None else Path(config.output.dir) / name
+  points = eval_rounds(int(config.rounds), int(config.eval_every))
+  finals = []
+  for i, (seed, c, exp) in enumerate(zip(seeds, configs, experiments)):
+    writer = RunWriter(root / f"seed_{seed}")
+    writer.write_json("config.json", json.loads(c.to_json_best_effort()))
+    writer.write_json("partition.json", partition_record(exp.data))
+    if exp.malicious is not None:
+      writer.write_json("malicious.json", {"malicious_clients": np.flatnonzero(exp.malicious).tolist(),
+                                           "poisoning": exp.data.info.get("poisoning")})
+    rounds_i, evals_i = unstack(trace.rounds, i), unstack(trace.evaluations, i)
+    record: dict[str, Any] = {}
+    for t in range(1, int(config.rounds) + 1):
+      record = round_record(t, unstack(rounds_i, t - 1))
+      if t in points:
+        record.update(exp.simulator.evaluation_record(unstack(evals_i, points.index(t))))
+      writer.log_round(record)
+    final = {k: v for k, v in record.items() if not k.endswith("client_acc")}
+    finals.append(final)
+    writer.write_json("summary.json", {"final": final, "final_client_acc": record.get("client_acc"),
+                                       "rounds": int(config.rounds), "seed": seed, "seeds_run": str(root),
+                                       "wall_time_s_all_seeds": wall_s})
+    writer.close()
+  summary = {
+      "seeds": seeds,
+      "seed_fields": list(fields),
+      "rounds": int(config.rounds),
+      "final": summarize_finals(finals),
+      "build_s": build_s,
+      "compile_s": compile_s,
+      "run_s": run_s,
+      "wall_time_s": wall_s,
+      "rounds_per_s": len(seeds) * int(config.rounds) / run_s,
+      "strategy": "vmap",
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()],
+      "run_dir": str(root),
+  }
+  root.mkdir(parents=True, exist_ok=True)
+  (root / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+  del final_states
+  return summary
+
+
+def summarize_finals(finals: Sequence[dict]) -> dict:
+  """``{metric: {"values", "mean", "std"}}`` over seeds for every finite scalar metric all seeds report."""
+  out = {}
+  keys = [k for k in finals[0] if all(k in f for f in finals)]
+  for k in keys:
+    values = [f[k] for f in finals]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+      arr = np.asarray(values, np.float64)
+      out[k] = {"values": values, "mean": float(arr.mean()), "std": float(arr.std())}
+  return out
