@@ -303,14 +303,23 @@ def _record_tables(scenario: str):
 def run_tables(args, out: Path, results_path: Path, results: dict) -> str:
   if not args.table_only:
     cells = [(s, scenario_config(args, s), _record_tables(s)) for s in _selected(args.scenarios, SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results)
+    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
   return markdown_table(grid.merged_results(out), args.dataset)
+
+
+def with_std(cell: dict, key: str, digits: int = 2) -> str:
+  """``mean ± std`` of a seeds cell (``n`` seeds noted once per table), the value alone for a single run."""
+  if f"{key}_std" in cell:
+    return f"{cell[key]:.{digits}f} ± {cell[key + '_std']:.{digits}f}"
+  return f"{cell[key]:.{digits}f}"
 
 
 def markdown_table(results: dict, dataset: str = "cifar10") -> str:
   """Table III layout: ours next to the paper's row for ``dataset`` (EMNIST's for the FEMNIST stand-in)."""
   paper_row = DATASETS[dataset]
-  lines = [f"FedCAP on {dataset}; paper values: the {paper_row} row of Table III (spec §5.2)\n","| Scenario | TAcc ours / paper | customized | personalized | DAcc ours / paper | FPR ours / paper "
+  seeds = sorted({len(r["seeds"]) for r in results.values() if "seeds" in r})
+  over = f"; ours: mean ± std over {'/'.join(map(str, seeds))} seeds (one vmapped program per cell)" if seeds else ""
+  lines = [f"FedCAP on {dataset}; paper values: the {paper_row} row of Table III (spec §5.2){over}\n","| Scenario | TAcc ours / paper | customized | personalized | DAcc ours / paper | FPR ours / paper "
            "| FNR ours / paper | attackers removed in round |", "|---|---|---|---|---|---|---|---|"]
   for scenario, name in SCENARIOS.items():
     r = results.get(scenario)
@@ -318,11 +327,13 @@ def markdown_table(results: dict, dataset: str = "cifar10") -> str:
       continue
     paper = PAPER_TACC[paper_row].get(name)
     det = PAPER_DETECTION[paper_row].get(name)
-    fmt = lambda ours, theirs: f"{ours:.0f} / {theirs}" if det else "–"
+    fmt = lambda key, theirs: f"{with_std(r, key, 0)} / {theirs}" if det else "–"
+    removed = r["removed_round"] if "per_seed" not in r else "; ".join(
+        f"seed {s}: {c['removed_round'] or '–'}" for s, c in r["per_seed"].items())
     lines.append(
-        f"| {name} | {r['value']:.2f} / {paper if paper is not None else '–'} | {r['customized']:.2f} | "
-        f"{r['personalized']:.2f} | {fmt(r['dacc'], det[0] if det else 0)} | {fmt(r['fpr'], det[1] if det else 0)} | "
-        f"{fmt(r['fnr'], det[2] if det else 0)} | {r['removed_round'] or '–'} |")
+        f"| {name} | {with_std(r, 'value')} / {paper if paper is not None else '–'} | {with_std(r, 'customized')} | "
+        f"{with_std(r, 'personalized')} | {fmt('dacc', det[0] if det else 0)} | {fmt('fpr', det[1] if det else 0)} | "
+        f"{fmt('fnr', det[2] if det else 0)} | {removed or '–'} |")
   return "\n".join(lines) + "\n"
 
 
@@ -339,7 +350,7 @@ def run_ablation(args, out: Path, results_path: Path, results: dict) -> str:
     cells = [(f"{v}__{s}", grid.apply_run_args(ablation_config(v, s), args), _record(VARIANTS[v][2]))
              for v in _selected(args.variants, VARIANTS, "variants")
              for s in _selected(args.scenarios, ABLATION_SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results)
+    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
   return ablation_table(grid.merged_results(out))
 
 
@@ -386,7 +397,7 @@ def run_personalized(args, out: Path, results_path: Path, results: dict) -> str:
     cells = [(f"{m}__{s}", grid.apply_run_args(personalized_config(m, s), args), _record_personalized(m, s))
              for m in _selected(args.methods, METHODS, "methods")
              for s in _selected(args.scenarios, PERSONALIZED_SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results)
+    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
   return personalized_table(grid.merged_results(out))
 
 
@@ -424,7 +435,7 @@ def run_ditto_agr(args, out: Path, results_path: Path, results: dict) -> str:
     cells = [(f"{m}__{s}", grid.apply_run_args(ditto_agr_config(m, s), args), _record(models[m]))
              for m in _selected(args.methods, DITTO_AGRS, "methods")
              for s in _selected(args.scenarios, DITTO_AGR_SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results)
+    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
   return ditto_agr_table(grid.merged_results(out))
 
 

@@ -20,11 +20,15 @@ def add_common_args(parser: argparse.ArgumentParser, out_dir: str | None) -> Non
   parser.add_argument("--rounds", type=int, default=100)
   parser.add_argument("--epochs", type=int, default=5)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seeds", default="", help="comma-separated seeds run as ONE vmapped program per cell "
+                      "(seed, data.seed and attack.seed set to each); the cell stores mean and std over them")
   parser.add_argument("--strategy", default="", help="engine strategy (default: the backend's default)")
   parser.add_argument("--out_dir", default=out_dir)
   parser.add_argument("--shard", default="", help="write results.<shard>.json, so several processes (e.g. one per "
                       "cell group, on one GPU) can fill one out_dir; the table merges every results*.json there")
   parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir")
+  parser.add_argument("--stop_after_s", type=float, default=0.0, metavar="S",
+                      help="start no new cell once S seconds have passed (a device session's time budget); 0 = run all")
   parser.add_argument("--checkpoint_every", type=int, default=0, metavar="N",
                       help="save each cell's run state every N rounds (and after the last) in <cell>/checkpoints")
   parser.add_argument("--resume", action="store_true",
@@ -56,6 +60,7 @@ def apply_overrides(config, items: Iterable[str]):
 def apply_run_args(config, args):
   """The grid-wide settings of a cell: rounds (evaluated at the last one), local epochs, seed, data dir, overrides."""
   config.rounds, config.eval_every, config.seed = args.rounds, args.rounds, args.seed
+  config.seeds = getattr(args, "seeds", "") or ""
   config.client.epochs = args.epochs
   config.data.data_dir = args.data_dir
   config.output.progress = False
@@ -149,7 +154,42 @@ def per_round_series(run_dir: Path) -> dict:
 Record = Callable[[dict, Path, object], dict]
 
 
-def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict) -> dict:
+def provenance() -> dict:
+  """Where a stored result came from: the command, the git commit (and whether the tree had changes), the
+  device, the JAX version."""
+  import subprocess
+  import sys
+  import jax
+  root = Path(__file__).resolve().parents[1]
+  git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()
+  return {"command": " ".join([Path(sys.executable).name, *sys.argv]), "commit": git("rev-parse", "HEAD") or None,
+          "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "device": str(jax.devices()[0]),
+          "device_kind": getattr(jax.devices()[0], "device_kind", None), "jax": jax.__version__}
+
+
+def _seed_cells(summary: dict, run_dir: Path, config, record: Record) -> dict:
+  """A seeds cell: ``record`` of every seed's run directory, and each numeric field's mean and std over seeds
+  (``value`` = the mean, ``value_std``, ``values``; per-seed records under ``per_seed``)."""
+  import numpy as np
+  per_seed = {}
+  for seed in summary["seeds"]:
+    seed_dir = run_dir / f"seed_{seed}"
+    seed_summary = json.loads((seed_dir / "summary.json").read_text())
+    per_seed[str(seed)] = {**per_round_series(seed_dir), **record(seed_summary, seed_dir, config)}
+  first = per_seed[str(summary["seeds"][0])]
+  cell = {"seeds": summary["seeds"], "per_seed": per_seed}
+  for key, value in first.items():
+    values = [r.get(key) for r in per_seed.values()]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+      cell[key], cell[f"{key}_std"], cell[f"{key}_values"] = float(np.mean(values)), float(np.std(values)), values
+  if isinstance(first.get("models"), dict):
+    cell["models"] = {m: float(np.mean([r["models"][m] for r in per_seed.values()])) for m in first["models"]
+                      if all(r["models"].get(m) is not None for r in per_seed.values())}
+  return cell
+
+
+def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict,
+              stop_after_s: float = 0.0) -> dict:
   """Runs each ``(key, config, record)`` cell into ``out/<key>/`` and stores ``record(summary, run_dir, config)``
   (a dict holding ``value``, optionally ``models``), the run's ``per_round_series`` and timing under
   ``results[key]``, rewriting
@@ -157,16 +197,26 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
   ``resumed_from_round`` and ``run_wall_time_s``, the run's training time summed over every session."""
   import jax
   from fedjax_robust.experiment import run_experiment
+  start = time.perf_counter()
   for key, config, record in cells:
+    if stop_after_s and time.perf_counter() - start > stop_after_s:
+      print(f"stopping before {key}: {stop_after_s:.0f} s budget spent", flush=True)
+      break
     t0 = time.perf_counter()
     summary = run_experiment(config, out / key)
-    cell = {**per_round_series(out / key), **record(summary, out / key, config)}
+    if config.get("seeds"):  # one vmapped program over the seeds: mean and std over their run directories
+      cell = _seed_cells(summary, out / key, config, record)
+      cell.update(compile_s=summary["compile_s"], run_s=summary["run_s"])
+    else:
+      cell = {**per_round_series(out / key), **record(summary, out / key, config)}
     cell.update(wall_s=time.perf_counter() - t0, rounds_per_s=summary["rounds_per_s"], rounds=int(config.rounds),
-                epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"])
-    if summary["resumed_from_round"]:  # wall_s is this invocation only; the run's own clock spans every session
+                epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"],
+                config=json.loads(config.to_json_best_effort()), **provenance())
+    if summary.get("resumed_from_round"):  # wall_s is this invocation only; the run's own clock spans every session
       cell.update(resumed_from_round=summary["resumed_from_round"], run_wall_time_s=summary["wall_time_s"])
     results[key] = cell
     parts = ", ".join(f"{k} {v:.2f}" for k, v in cell.get("models", {}).items() if v is not None)
-    print(f"{key:24s} {cell['value']:6.2f} ({parts}) {cell['wall_s']:.0f}s", flush=True)
+    spread = f" ± {cell['value_std']:.2f}" if "value_std" in cell else ""
+    print(f"{key:24s} {cell['value']:6.2f}{spread} ({parts}) {cell['wall_s']:.0f}s", flush=True)
     results_path.write_text(json.dumps(results, indent=1))
   return results
