@@ -256,8 +256,13 @@ def main():
   parser.add_argument("--dataset", choices=tuple(DATASETS), default="cifar10",
                       help="--mode tables: the Table I/III row (femnist: the EMNIST setting on the offline LEAF "
                       "FEMNIST sample); the other modes are CIFAR-10 only")
+  parser.add_argument("--from_json", default=None, metavar="RESULTS_JSON",
+                      help="print the mode's table from a stored results file (experiments/results/*.json) and exit")
   grid.add_common_args(parser, None)
   args = parser.parse_args()
+  if args.from_json:
+    print(table_from_json(args.from_json, args.mode, args.dataset), end="")
+    return
   if args.mode != "tables" and args.dataset != "cifar10":
     parser.error(f"--dataset {args.dataset} applies to --mode tables only (the paper's Table IV, Fig. 7 and Fig. 8 "
                  "are CIFAR-10)")
@@ -274,6 +279,15 @@ def main():
     table = run_tables(args, out, results_path, results)
   (out / "table.md").write_text(table)
   print(table)
+
+
+def table_from_json(path, mode: str = "tables", dataset: str = "cifar10") -> str:
+  """The markdown table of ``mode`` from a stored results file: what ``experiments/results/*.md`` embeds between
+  its ``generated`` markers (``tests/test_results_tables.py`` checks they agree)."""
+  results = json.loads(Path(path).read_text())
+  if mode == "tables":
+    return markdown_table(results, dataset)
+  return {"ablation": ablation_table, "personalized": personalized_table, "ditto_agr": ditto_agr_table}[mode](results)
 
 
 def _selected(value: str | None, allowed, what: str) -> list[str]:
