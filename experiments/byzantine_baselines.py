@@ -55,7 +55,7 @@ def cell_config(args, attack: str, rule: str):
   import ml_collections
   from experiments.configs import cifar10_fedcap_setting
   c = cifar10_fedcap_setting.get_config()
-  c.algorithm.name, c.algorithm.ft_mode = "fedavg_ft", "last_local"  # scores global AND locally-updated models
+  c.algorithm.name, c.algorithm.fedavg_ft.ft_mode = "fedavg_ft", "last_local"  # scores global AND locally-updated models
   c.attack.name = attack
   c.attack.fraction = 0.3
   c.attack.legacy_numpy_selection = True

@@ -168,7 +168,7 @@ def ablation_config(variant: str, scenario: str):
   switches = VARIANTS[variant][1]
   if switches is None:  # ② = Ditto: FedAvg global model + personalized v with prox lambda toward it (spec §1.7)
     c.algorithm.name = "ditto"
-    c.algorithm.lamda = ABLATION_DITTO_LAMBDA
+    c.algorithm.ditto.lamda = ABLATION_DITTO_LAMBDA
   else:
     f.calibrate, f.personalize = switches["calibrate"], switches["personalize"]
   c.output.name = f"cifar10_ablation_{variant}_{scenario}"
@@ -184,9 +184,9 @@ def personalized_config(method: str, scenario: str):
   if method != "fedcap":
     c.algorithm.name = method
   if method == "fedavg_ft":
-    c.algorithm.ft_mode = "last_local"  # score each client's model after its E local epochs (spec §3)
+    c.algorithm.fedavg_ft.ft_mode = "last_local"  # score each client's model after its E local epochs (spec §3)
   if method == "ditto":
-    c.algorithm.lamda = DITTO_LAMBDA[scenario]
+    c.algorithm.ditto.lamda = DITTO_LAMBDA[scenario]
   if method == "local":
     c.attack.name = "none"  # nothing is uploaded, so an upload attack has nothing to act on
   c.output.name = f"cifar10_fig7_{method}_{scenario}"
@@ -203,7 +203,7 @@ def ditto_agr_config(method: str, scenario: str):
   c = _fedcap_cifar10(scenario)  # FedCAP keeps its per-scenario (alpha, phi, lambda)
   rule = DITTO_AGRS[method][1]
   if rule is not None:
-    c.algorithm.name, c.algorithm.lamda = "ditto", DITTO_AGR_LAMBDA
+    c.algorithm.name, c.algorithm.ditto.lamda = "ditto", DITTO_AGR_LAMBDA
     c.aggregator = ml_collections.ConfigDict(RULES[rule][1])  # M̂ = int(N p_atk) = 6 where a rule needs it
   c.output.name = f"cifar10_fig8_{method}_{scenario}"
   return c

@@ -30,7 +30,7 @@ from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.registry import ALGORITHMS as ALGORITHM_REGISTRY
-from fedjax_robust.algorithms.registry import BuildContext, algorithm_entry, build_algorithm
+from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, algorithm_entry, build_algorithm
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
@@ -57,38 +57,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_every = 1
   c.data = default_data_config()
   c.model = ml_collections.ConfigDict({"name": "mlp"})
-  c.algorithm = ml_collections.ConfigDict({
-      "name": "fedavg",  # one of ALGORITHMS
-      "mu": 0.01,  # FedProx proximal weight (used by 'fedprox')
-      "ft_mode": "last_local",  # FedAvg-FT: 'last_local' (FedCAP spec §3) or 'finetune' (fine-tune at eval)
-      "finetune_epochs": 1,  # FedAvg-FT with ft_mode='finetune': local epochs from the global model
-      "lamda": 1.0,  # Ditto: prox weight of the personalized model toward the received global one (spec §3)
-      "fedrod_count_floor": 1e-8,  # FedRoD: class counts clamped below before the balanced-softmax log
-      "fedrod_personal_generic": "local",  # FedRoD: personal head on the client's local generic model | global
-      "local_trains_all": True,  # Local: all K clients train every round (FedCAP spec §3); False: the sampled cohort
-      # fedbn = FedAvg with every BatchNorm layer (scale, bias, running statistics) kept local (needs a BN model)
-      # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py)
-      "fedcap": ml_collections.ConfigDict({
-          # defaults off the per-cell table: spec §6 item 12 (alpha 10 for label skew, 2 for feature skew; phi 0.1)
-          "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
-          "phi": 0.1,  # self-weight of a pooled client (Eq. 5); the per-cell configs set 0.1-0.3
-          "lamda": 0.1,  # prox weight of the personalized model toward the customized one (Eq. 7)
-          "norm_threshold": 10.0,  # T_norm: a calibrated update with a larger norm (or NaN) removes the client
-          "calibrate": True,  # False: Table IV variants 1 and 4 (raw uploads, no detection)
-          "personalize": True,  # False: Table IV variants 1 and 3 (no personalized model)
-          "request_updates": "auto",  # clients outside the pool send a request update; auto = partial participation
-          "poison_requests": True,  # attackers poison their request updates too (the artifact, spec §2.3)
-          "sample_removed": True,  # removed clients stay in the cohort draw (the artifact); False: spec §6 item 9
-          "eval_customized": "fresh",  # customized model scored: fresh customization | last_received (§6 item 8)
-      }),
-      # FedFomo (specs/fedcap.md §3; Zhang et al. ICLR 2021; fedjax_robust/algorithms/fedfomo.py)
-      "fedfomo": ml_collections.ConfigDict({
-          "num_models": 0,  # O models sent per client; 0 = half the cohort (FedCAP: 10 of 20)
-          "val_fraction": 0.2,  # last floor(0.2 n_k) real training rows of each client are its validation set
-          "epsilon": 0.3,  # epsilon-greedy exploration (official FedFomo default)
-          "epsilon_decay": 0.05,  # epsilon_t = max(epsilon - decay * t, 0)
-      }),
-  })
+  # algorithm.name, and each registered algorithm's own block algorithm.<name>.* with its defaults
+  # (fedjax_robust/algorithms/registry.py: fedprox.mu, ditto.lamda, fedavg_ft.*, fedrod.*, local.trains_all,
+  # fedcap.*, fedfomo.*); fedbn = FedAvg with every BatchNorm layer kept local (needs a BN model)
+  c.algorithm = algorithm_config()
   c.client = ml_collections.ConfigDict({
       "epochs": 1,
       "batch_size": 10,

@@ -16,7 +16,7 @@ def byzantine_config(aggregator="mean", attack="none", rounds=12, **extra):
   c.output.progress = False
   c.attack.name = attack
   c.aggregator.name = aggregator
-  c.update_from_flattened_dict(extra)  # dotted keys, e.g. 'algorithm.mu'
+  c.update_from_flattened_dict(extra)  # dotted keys, e.g. 'algorithm.fedprox.mu'
   return c
 
 

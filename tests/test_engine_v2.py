@@ -407,3 +407,19 @@ def test_resuming_a_run_stored_before_a_config_field_existed():
   assert resume_mismatches(stored, current) == []
   current["sampler"]["name"] = "forced"
   assert resume_mismatches(stored, current) == ["sampler.name"]
+
+
+def test_each_algorithm_owns_its_config_block():
+  """config.algorithm.<name>.* comes from the registry entry's declared options; a field the algorithm does not
+  declare (misspelled, or another algorithm's) is refused when set, and the builder reads its own block."""
+  from fedjax_robust.algorithms.registry import ALGORITHMS
+  from fedjax_robust.experiment import default_config
+  c = default_config()
+  for name, entry in ALGORITHMS.items():
+    if entry.options:
+      assert dict(c.algorithm[name]) == dict(entry.options), name
+  assert c.algorithm.fedprox.mu == 0.01 and c.algorithm.ditto.lamda == 1.0 and "mu" not in c.algorithm
+  with pytest.raises(AttributeError):
+    c.algorithm.fedprox.lamda = 0.5  # Ditto's field, not FedProx's
+  with pytest.raises(AttributeError):
+    c.algorithm.mu = 0.1  # no flat fields any more

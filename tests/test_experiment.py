@@ -24,7 +24,7 @@ def digits_config(**overrides):
   c.data.partition.name = "dirichlet"
   c.data.partition.alpha = 0.5
   c.output.progress = False
-  c.update_from_flattened_dict(overrides)  # dotted keys, e.g. 'algorithm.mu'
+  c.update_from_flattened_dict(overrides)  # dotted keys, e.g. 'algorithm.fedprox.mu'
   return c
 
 
@@ -84,9 +84,9 @@ def test_every_algorithm_runs_from_config(tmp_path, algorithm):
 
 @pytest.mark.parametrize("trains_all, trained", [(True, 10), (False, 5)])
 def test_local_trains_every_client_every_round_under_partial_participation(trains_all, trained):
-  """FedCAP spec §3: Local trains all K clients every round; ``local_trains_all=False`` trains the sampled cohort."""
+  """FedCAP spec §3: Local trains all K clients every round; ``algorithm.local.trains_all=False`` trains the sampled cohort."""
   c = digits_config(**{"algorithm.name": "local", "server.participation": 0.5,
-                       "algorithm.local_trains_all": trains_all})
+                       "algorithm.local.trains_all": trains_all})
   exp = build_experiment(c)
   assert exp.simulator.cohort_size == trained
   state = exp.init_state()
@@ -289,7 +289,7 @@ def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
       c = t.ablation_config(variant, scenario)
       assert c.algorithm.name == "fedcap" and switches(c) == flags and hyper(c) == (10.0, 0.3, 0.1), (variant, scenario)
     ditto = t.ablation_config("v2", scenario)
-    assert (ditto.algorithm.name, ditto.algorithm.lamda, ditto.aggregator.name) == ("ditto", 0.1, "mean")
+    assert (ditto.algorithm.name, ditto.algorithm.ditto.lamda, ditto.aggregator.name) == ("ditto", 0.1, "mean")
     assert (ditto.data.num_clients, ditto.data.partition.name, ditto.data.partition.classes_per_client,
             ditto.server.participation) == (20, "pat", 2, 1.0)
   assert t.ablation_config("v5", "lie").attack.name == "lie" and t.ablation_config("v1", "none").attack.name == "none"
@@ -298,14 +298,14 @@ def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
   with pytest.raises(ValueError, match="ablation"):
     t.ablation_config("v1", "sign_flip")  # not a Table IV column
 
-  assert {s: t.personalized_config("ditto", s).algorithm.lamda for s in t.PERSONALIZED_SCENARIOS} == {
+  assert {s: t.personalized_config("ditto", s).algorithm.ditto.lamda for s in t.PERSONALIZED_SCENARIOS} == {
       "none": 1.0, "label_flip": 0.1, "sign_flip": 0.01, "scaling": 0.01}
   for method in t.METHODS:
     c = t.personalized_config(method, "sign_flip")
     assert c.algorithm.name == method and c.attack.fraction == 0.3
     assert c.attack.name == ("none" if method == "local" else "sign_flip")  # Local uploads nothing to poison
   assert hyper(t.personalized_config("fedcap", "scaling")) == (10.0, 0.3, 10.0)  # fedcap_cifar10's MR setting
-  assert t.personalized_config("fedavg_ft", "none").algorithm.ft_mode == "last_local"
+  assert t.personalized_config("fedavg_ft", "none").algorithm.fedavg_ft.ft_mode == "last_local"
   lf = t.personalized_config("local", "label_flip")
   assert lf.attack.data.kind == "label_flip" and lf.attack.data.flip_mode == "reverse"
   # Reported models (spec §3 last paragraph, §4.4).
@@ -317,7 +317,7 @@ def test_fedcap_ablation_and_fig7_cell_configs_match_the_spec():
 def test_fedcap_fig8_cell_configs_match_the_spec():
   """Fig. 8 (spec §3 "Ditto + AGR", §5.6): Ditto lambda 0.1 (= Table IV ②) with Table I's server rules; FedCAP's cell."""
   t = load_fedcap_tables()
-  rules = {m: (c.algorithm.name, c.algorithm.lamda, dict(c.aggregator))
+  rules = {m: (c.algorithm.name, c.algorithm.ditto.lamda, dict(c.aggregator))
            for m in t.DITTO_AGRS for c in [t.ditto_agr_config(m, "min_sum")] if m != "fedcap"}
   assert rules == {"ditto": ("ditto", 0.1, {"name": "mean"}),
                    "ditto_clustered": ("ditto", 0.1, {"name": "clustered"}),

@@ -27,7 +27,7 @@ def get_config():
   c.model.name = "fedavg_cnn"
   c.model.fc_dim = 64
   c.algorithm.name = "fedavg_ft"
-  c.algorithm.ft_mode = "last_local"
+  c.algorithm.fedavg_ft.ft_mode = "last_local"
   c.client.epochs = 5
   c.client.batch_size = 10
   c.client.drop_last = True

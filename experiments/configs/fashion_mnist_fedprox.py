@@ -17,7 +17,7 @@ def get_config():
   c.model.name = "fedavg_cnn"
   c.model.fc_dim = 512
   c.algorithm.name = "fedprox"
-  c.algorithm.mu = 0.01
+  c.algorithm.fedprox.mu = 0.01
   c.client.epochs = 1
   c.client.batch_size = 10
   c.client.lr = 0.01

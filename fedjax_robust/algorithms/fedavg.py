@@ -15,7 +15,7 @@
 * Local / Separate: no communication; every client trains its own model from the
   common initialisation. FedCAP's spec (§3) trains all K clients every round, so
   the experiment builder gives Local a full cohort whatever the participation
-  (``algorithm.local_trains_all``; ``False`` trains the sampled cohort only).
+  (``algorithm.local.trains_all``; ``False`` trains the sampled cohort only).
 
 Model state (BatchNorm running statistics; ``fedjax_robust/models/interface.py``):
 every client trains from the global model's statistics and uploads its new ones

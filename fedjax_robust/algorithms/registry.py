@@ -2,11 +2,14 @@
 
 Each entry is an :class:`AlgorithmEntry`: a ``build(ctx) -> FedAlgorithm`` from a
 :class:`BuildContext` (the run's model, optimizers, local schedule, aggregation
-rule, cohort and attack), the config fields it reads (``config.algorithm.<field>``
-or its own block ``config.algorithm.<name>.*``), and two declarations the generic
-code asks instead of testing names: ``aggregates`` (whether a server rule applies;
-algorithms that aggregate nothing refuse a non-default ``aggregator``) and
-``full_cohort(config)`` (Local trains every client every round, FedCAP spec §3).
+rule, cohort and attack), its own config block ``config.algorithm.<name>.*``
+(``options``: every field with its default; :func:`algorithm_config` puts the
+blocks of all registered algorithms into the default config, locked, so a
+misspelled or foreign field is refused when it is set), and the declarations
+the generic code asks instead of testing names: ``aggregates`` (whether a
+server rule applies; algorithms that aggregate nothing refuse a non-default
+``aggregator``) and ``full_cohort(config)`` (Local trains every client every
+round, FedCAP spec §3).
 
 A new algorithm is one :func:`register_algorithm` call; ``experiment.py`` never
 names an algorithm.
@@ -48,6 +51,11 @@ class BuildContext(NamedTuple):
     return self.config.algorithm
 
   @property
+  def options(self):
+    """This algorithm's own block ``config.algorithm.<name>`` (empty for one without options)."""
+    return self.config.algorithm.get(self.config.algorithm.name) or {}
+
+  @property
   def persist(self) -> bool:
     return bool(self.config.client.persist_optimizer_state)
 
@@ -59,7 +67,7 @@ class BuildContext(NamedTuple):
 
 class AlgorithmEntry(NamedTuple):
   build: Callable[[BuildContext], FedAlgorithm]
-  fields: tuple[str, ...] = ()  # config.algorithm fields (or sub-blocks) it reads, for the docs and checks
+  options: dict = {}  # its block config.algorithm.<name>: field -> default
   aggregates: bool = True
   resets_client_optimizer: bool = False  # refuses client.persist_optimizer_state
   full_cohort: Callable[[Any], bool] = lambda config: False
@@ -80,6 +88,16 @@ def algorithm_entry(name: str) -> AlgorithmEntry:
   return ALGORITHMS[name]
 
 
+def algorithm_config():
+  """``config.algorithm``: ``name`` plus one block per registered algorithm with options (their defaults)."""
+  import ml_collections
+  blocks = {name: ml_collections.ConfigDict(dict(entry.options)) for name, entry in ALGORITHMS.items()
+            if entry.options}
+  config = ml_collections.ConfigDict({"name": "fedavg", **blocks})
+  config.lock()  # new fields only through a registered algorithm's options
+  return config
+
+
 def build_algorithm(name: str, ctx: BuildContext) -> FedAlgorithm:
   """Checks what the generic config says against the entry's declarations, then builds."""
   entry = algorithm_entry(name)
@@ -94,30 +112,36 @@ def build_algorithm(name: str, ctx: BuildContext) -> FedAlgorithm:
 
 
 # ------------------------------------------------------------------------------------------ built-ins
-def _fedavg_family(name: str, options: Callable[[Any], dict] = lambda alg: {}):
-  """A :func:`make_fedavg` variant; ``options(config.algorithm)`` gives its own keyword arguments."""
+def _fedavg_family(name: str, options: Callable[[Any], dict] = lambda block: {}):
+  """A :func:`make_fedavg` variant; ``options(config.algorithm.<name>)`` gives its own keyword arguments."""
 
   def build(ctx: BuildContext) -> FedAlgorithm:
     return make_fedavg(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, persist_client_opt_state=ctx.persist,
-                       aggregator=ctx.aggregator, name=name, **options(ctx.alg))
+                       aggregator=ctx.aggregator, name=name, **options(ctx.options))
 
   return build
 
 
 register_algorithm("fedavg", _fedavg_family("fedavg"))
-register_algorithm("fedprox", _fedavg_family("fedprox", lambda a: {"mu": float(a.mu)}), fields=("mu",))
+register_algorithm("fedprox", _fedavg_family("fedprox", lambda o: {"mu": float(o.mu)}),
+                   options={"mu": 0.01})  # proximal weight
 register_algorithm("fedavg_ft", _fedavg_family(
-    "fedavg_ft", lambda a: {"finetune_epochs": int(a.finetune_epochs), "ft_mode": a.ft_mode}),
-    fields=("ft_mode", "finetune_epochs"))
-register_algorithm("fedbn", _fedavg_family("fedbn", lambda a: {"keep_norm_local": True}))
+    "fedavg_ft", lambda o: {"finetune_epochs": int(o.finetune_epochs), "ft_mode": o.ft_mode}),
+    # ft_mode: 'last_local' (score each client's model after its local epochs, FedCAP spec §3) or 'finetune'
+    # (fine-tune finetune_epochs from the global model at evaluation)
+    options={"ft_mode": "last_local", "finetune_epochs": 1})
+register_algorithm("fedbn", _fedavg_family("fedbn", lambda o: {"keep_norm_local": True}))
 register_algorithm(
-    "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec), fields=("local_trains_all",),
-    aggregates=False, full_cohort=lambda config: bool(config.algorithm.get("local_trains_all", True)))
+    "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec),
+    # trains_all: all K clients train every round (FedCAP spec §3); False: the sampled cohort only
+    options={"trains_all": True}, aggregates=False,
+    full_cohort=lambda config: bool(config.algorithm.local.get("trains_all", True)))
 register_algorithm(
     "ditto", lambda ctx: make_ditto(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt,
-                                    lamda=float(ctx.alg.lamda), aggregator=ctx.aggregator,
+                                    lamda=float(ctx.options.lamda), aggregator=ctx.aggregator,
                                     pair_forward=ctx.pair_forward),
-    fields=("lamda",), resets_client_optimizer=True)
+    # lamda: prox weight of the personalized model toward the received global one (FedCAP spec §3)
+    options={"lamda": 1.0}, resets_client_optimizer=True)
 
 
 def _build_fedrod(ctx: BuildContext) -> FedAlgorithm:
@@ -126,16 +150,18 @@ def _build_fedrod(ctx: BuildContext) -> FedAlgorithm:
   if model.features is not None:
     features_fn = lambda p, x: model.features({"params": p}, x)
   return make_fedrod(model, ctx.client_opt, ctx.spec, ctx.server_opt, features_fn=features_fn,
-                     count_floor=float(ctx.alg.fedrod_count_floor), aggregator=ctx.aggregator,
-                     personal_generic=str(ctx.alg.get("fedrod_personal_generic", "local")))
+                     count_floor=float(ctx.options.count_floor), aggregator=ctx.aggregator,
+                     personal_generic=str(ctx.options.personal_generic))
 
 
-register_algorithm("fedrod", _build_fedrod, fields=("fedrod_count_floor", "fedrod_personal_generic"),
-                   resets_client_optimizer=True)
+register_algorithm("fedrod", _build_fedrod, resets_client_optimizer=True, options={
+    "count_floor": 1e-8,  # class counts clamped below before the balanced-softmax log
+    "personal_generic": "local",  # personal head on the client's local generic model | global
+})
 
 
 def _build_fedcap(ctx: BuildContext) -> FedAlgorithm:
-  f = ctx.alg.fedcap
+  f = ctx.options
   request = f.request_updates
   if request == "auto":
     request = ctx.cohort < ctx.num_clients
@@ -150,15 +176,34 @@ def _build_fedcap(ctx: BuildContext) -> FedAlgorithm:
                      eval_customized=str(f.get("eval_customized", "fresh")))
 
 
-register_algorithm("fedcap", _build_fedcap, fields=("fedcap",), aggregates=False)
+# FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py). Defaults off the
+# per-cell table: spec §6 item 12 (alpha 10 for label skew, 2 for feature skew; phi 0.1).
+register_algorithm("fedcap", _build_fedcap, aggregates=False, options={
+    "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
+    "phi": 0.1,  # self-weight of a pooled client (Eq. 5); the per-cell configs set 0.1-0.3
+    "lamda": 0.1,  # prox weight of the personalized model toward the customized one (Eq. 7)
+    "norm_threshold": 10.0,  # T_norm: a calibrated update with a larger norm (or NaN) removes the client
+    "calibrate": True,  # False: Table IV variants 1 and 4 (raw uploads, no detection)
+    "personalize": True,  # False: Table IV variants 1 and 3 (no personalized model)
+    "request_updates": "auto",  # clients outside the pool send a request update; auto = partial participation
+    "poison_requests": True,  # attackers poison their request updates too (the artifact, spec §2.3)
+    "sample_removed": True,  # removed clients stay in the cohort draw (the artifact); False: spec §6 item 9
+    "eval_customized": "fresh",  # customized model scored: fresh customization | last_received (§6 item 8)
+})
 
 
 def _build_fedfomo(ctx: BuildContext) -> FedAlgorithm:
-  f = ctx.alg.fedfomo
+  f = ctx.options
   num_models = int(f.num_models) or max(1, ctx.cohort // 2)
   return make_fedfomo(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, num_models=num_models,
                       val_fraction=float(f.val_fraction), epsilon=float(f.epsilon),
                       epsilon_decay=float(f.epsilon_decay))
 
 
-register_algorithm("fedfomo", _build_fedfomo, fields=("fedfomo",), aggregates=False, resets_client_optimizer=True)
+# FedFomo (specs/fedcap.md §3; Zhang et al. ICLR 2021; fedjax_robust/algorithms/fedfomo.py)
+register_algorithm("fedfomo", _build_fedfomo, aggregates=False, resets_client_optimizer=True, options={
+    "num_models": 0,  # O models sent per client; 0 = half the cohort (FedCAP: 10 of 20)
+    "val_fraction": 0.2,  # last floor(0.2 n_k) real training rows of each client are its validation set
+    "epsilon": 0.3,  # epsilon-greedy exploration (official FedFomo default)
+    "epsilon_decay": 0.05,  # epsilon_t = max(epsilon - decay * t, 0)
+})
