@@ -283,6 +283,16 @@ def test_score_models_equals_a_loop_over_models():
   per = score_models(model.logits, stacked, jnp.stack([x] * 5), jnp.stack([y] * 5), jnp.full((5,), 20),
                      batch_size=8, per_model_data=True)
   np.testing.assert_array_equal(per.correct, scores.correct)
+  # a row mask that is not a prefix (FedFomo's validation window): only rows 4..9 are scored
+  window = (jnp.arange(23) >= 4) & (jnp.arange(23) < 10)
+  masked = score_models(model.logits, stacked, x, y, 20, batch_size=8, mask=window)
+  for i in range(5):
+    p = jax.tree.map(lambda a: a[i], stacked)
+    logits = model.logits(p, x[4:10])
+    assert int(masked.count[i]) == 6
+    assert int(masked.correct[i]) == int(jnp.sum(jnp.argmax(logits, -1) == y[4:10]))
+    np.testing.assert_allclose(masked.mean_loss[i],
+                               optax.softmax_cross_entropy_with_integer_labels(logits, y[4:10]).mean(), rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ 5. samplers, registry

@@ -85,7 +85,8 @@ from jax.flatten_util import ravel_pytree
 from fedjax_robust.models.interface import as_model, stateless_apply
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
-from fedjax_robust.client import ClientData, LocalTrainSpec, local_train, masked_cross_entropy
+from fedjax_robust.metrics.evaluation import score_models
+from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
 
 PyTree = Any
 ApplyFn = Callable[[PyTree, jax.Array], jax.Array]
@@ -223,14 +224,14 @@ def make_fedfomo(
     val_mask = (rows >= n_train) & (rows < data.n)
     x_val = jax.lax.dynamic_slice_in_dim(data.x, start, window)
     y_val = jax.lax.dynamic_slice_in_dim(data.y, start, window)
-    val_loss = lambda params: masked_cross_entropy(apply_fn(params, x_val), y_val, val_mask)
-
-    def score(i):
-      flat_n = pool[i]
-      return val_loss(unravel(flat_n)), jnp.linalg.norm(flat_n - flat_old)
-
-    losses, distances = jax.lax.map(score, indices)
-    weights = fomo_weights(val_loss(client_state["params"]), losses, distances, valid)
+    # The O received models and the client's own, scored on the validation rows by the many-model kernel
+    # (one model at a time: a vmapped chunk of conv nets would be a grouped convolution).
+    candidates = jnp.concatenate([pool[indices], flat_old[None]])
+    scores = score_models(apply_fn, jax.vmap(unravel)(candidates), x_val, y_val, mask=val_mask, model_chunk=1,
+                          batch_size=window)
+    losses, loss_old = scores.mean_loss[:-1], scores.mean_loss[-1]
+    distances = jnp.linalg.norm(pool[indices] - flat_old[None], axis=1)
+    weights = fomo_weights(loss_old, losses, distances, valid)
     # The federated update with Σ w_n = 1: θ_old + Σ w_n (θ_n − θ_old) = Σ w_n θ_n, as one [K] x [K, D] product.
     scattered = jnp.zeros((num_clients,), pool.dtype).at[indices].add(weights)
     federated = jnp.where(jnp.sum(weights) > 0, jnp.matmul(scattered, pool, precision=HIGHEST), flat_old)

@@ -32,10 +32,12 @@ class Scores(NamedTuple):
     return self.loss_sum / jnp.maximum(self.count, 1)
 
 
-def _batches(x, y, n, batch_size):
+def _batches(x, y, n, batch_size, mask=None):
   total = y.shape[0]
   n = total if n is None else n
   valid = jnp.arange(total) < n
+  if mask is not None:
+    valid = valid & jnp.asarray(mask, bool)
   b = min(int(batch_size), total)
   num = -(-total // b)
   pad = num * b - total
@@ -45,9 +47,10 @@ def _batches(x, y, n, batch_size):
   return xb, yb, vb
 
 
-def score_one(logits_fn: Callable, model: PyTree, x, y, n=None, batch_size: int = 1024) -> Scores:
-  """One model on ``x`` / ``y`` (first ``n`` rows real): correct, summed loss and count, batch by batch."""
-  xb, yb, vb = _batches(x, y, n, batch_size)
+def score_one(logits_fn: Callable, model: PyTree, x, y, n=None, batch_size: int = 1024, mask=None) -> Scores:
+  """One model on ``x`` / ``y`` (first ``n`` rows real, and of those the ``mask`` ones if given): correct,
+  summed loss and count, batch by batch."""
+  xb, yb, vb = _batches(x, y, n, batch_size, mask)
 
   def batch(args):
     xi, yi, vi = args
@@ -65,19 +68,23 @@ def score_one(logits_fn: Callable, model: PyTree, x, y, n=None, batch_size: int 
 
 
 def score_models(logits_fn: Callable, models: PyTree, x, y, n=None, *, batch_size: int = 1024,
-                 model_chunk: Optional[int] = None, per_model_data: bool = False) -> Scores:
+                 model_chunk: Optional[int] = None, per_model_data: bool = False, mask=None) -> Scores:
   """``M`` stacked models (leading axis on every leaf) scored on one dataset, or on one each.
 
   ``logits_fn(model, x) -> logits`` (e.g. ``Model.logits``, which takes params or variables).
   ``per_model_data``: ``x`` / ``y`` / ``n`` have a leading ``M`` axis too (model ``i`` on its own rows).
-  ``model_chunk``: models per ``vmap`` chunk (default all at once); memory grows with it.
+  ``model_chunk``: models per ``vmap`` chunk (default all at once); memory grows with it (and a chunk of conv
+  nets becomes one grouped convolution: ``model_chunk=1`` scores them one after another).
+  ``mask``: ``[N]`` bool (``[M, N]`` with ``per_model_data``), the rows to score among the first ``n``
+  (FedFomo's validation window, which is not a prefix).
   Returns :class:`Scores` with ``[M]`` fields.
   """
   m = jax.tree.leaves(models)[0].shape[0]
   chunk = m if model_chunk is None else max(1, min(int(model_chunk), m))
   if per_model_data:
     n = jnp.full((m,), y.shape[1], jnp.int32) if n is None else jnp.asarray(n)
-    fn = lambda args: score_one(logits_fn, args[0], args[1], args[2], args[3], batch_size)
-    return jax.lax.map(fn, (models, x, y, n), batch_size=chunk)
-  fn = lambda model: score_one(logits_fn, model, x, y, n, batch_size)
+    rows = jnp.ones(y.shape[:2], bool) if mask is None else jnp.asarray(mask, bool)
+    fn = lambda args: score_one(logits_fn, args[0], args[1], args[2], args[3], batch_size, args[4])
+    return jax.lax.map(fn, (models, x, y, n, rows), batch_size=chunk)
+  fn = lambda model: score_one(logits_fn, model, x, y, n, batch_size, mask)
   return jax.lax.map(fn, models, batch_size=chunk)
