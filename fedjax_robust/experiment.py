@@ -53,6 +53,9 @@ def default_config() -> ml_collections.ConfigDict:
   # field of seed_fields set to that seed; "" = one run with `seed`.
   c.seeds = ""
   c.seed_fields = "seed,data.seed,attack.seed"
+  # A grid over traced hyperparameters in the same one program: "algorithm.fedprox.mu=0,0.01;client.lr=0.01,0.05"
+  # (cartesian product; client.lr, server.lr and each algorithm's declared `traced` options).
+  c.grid = ""
   c.rounds = 20
   c.eval_every = 1
   c.data = default_data_config()
@@ -139,6 +142,8 @@ class Experiment:
   unroll: bool | int
   malicious: np.ndarray | None = None
   model_state: dict = dataclasses.field(default_factory=dict)  # BatchNorm statistics etc. ({} if none)
+  # hparams -> the algorithm rebuilt with those config values replaced (tracers in a grid program)
+  algorithm_with: Any = None
 
   def init_state(self) -> SimState:
     return self.simulator.init(self.params, self.config.seed, self.model_state or None)
@@ -181,11 +186,14 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
 
 
 def make_algorithm(config, model, spec: LocalTrainSpec, aggregator=None, num_clients=None, cohort=None, attack=None,
-                   malicious=None) -> FedAlgorithm:
+                   malicious=None, hparams=None) -> FedAlgorithm:
   """The algorithm ``config.algorithm.name`` names, from the registry (``algorithms/registry.py``).
-  ``aggregator=None`` is the algorithm's default rule (the sample-weighted ``mean``)."""
-  ctx = BuildContext(config, as_model(model), optimizer_from_config(config.client), optimizer_from_config(config.server), spec,
-                     aggregator, int(num_clients), int(cohort or num_clients), attack, malicious)
+  ``aggregator=None`` is the algorithm's default rule (the sample-weighted ``mean``). ``hparams``: dotted config
+  keys whose values (tracers, in a grid program: ``fedjax_robust.run``) replace the config's."""
+  hparams = dict(hparams or {})
+  ctx = BuildContext(config, as_model(model), optimizer_from_config(config.client, hparams.get("client.lr")),
+                     optimizer_from_config(config.server, hparams.get("server.lr")), spec, aggregator,
+                     int(num_clients), int(cohort or num_clients), attack, malicious, hparams)
   return build_algorithm(config.algorithm.name, ctx)
 
 
@@ -324,8 +332,11 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   elif not _is_default_mean(agg_cfg):
     raise ValueError(f"algorithm {config.algorithm.name!r} aggregates nothing with a server rule; leave "
                      "aggregator.name='mean' with no parameters")
-  algorithm = make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
-                             attack=attack, malicious=malicious)
+  def algorithm_with(hparams=None) -> FedAlgorithm:
+    return make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
+                          attack=attack, malicious=malicious, hparams=hparams)
+
+  algorithm = algorithm_with()
   transform = None
   if attack is not None:
     fields = tuple(f for f in str(attack_cfg.get("fields", "delta")).replace(" ", "").split(",") if f)
@@ -335,7 +346,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,
                         evaluators=config.get("eval", {}).get("metrics", "auto"))
-  return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state)
+  return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
+                    algorithm_with)
 
 
 # ------------------------------------------------------------------------------------------ run directory
@@ -469,8 +481,8 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
     raise ValueError(f"rounds and eval_every must be >= 1, got {config.rounds}, {config.eval_every}")
   if config.output.checkpoint_every < 0:
     raise ValueError(f"output.checkpoint_every must be >= 0, got {config.output.checkpoint_every}")
-  if config.get("seeds"):
-    from fedjax_robust.run import run_seeds  # several seeds: one vmapped program
+  if config.get("seeds") or config.get("grid"):
+    from fedjax_robust.run import run_seeds  # several seeds / grid points: one vmapped program
     return run_seeds(config, run_dir)
   exp = build_experiment(config)
   if run_dir is None:

@@ -17,8 +17,9 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: fl
                    eps: float = 1e-8) -> optax.GradientTransformation:
   """An optax optimizer by name; ``weight_decay`` is L2 added to the gradient for SGD/Adam (PyTorch semantics)."""
   import math
-  if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-    raise ValueError(f"learning rate must be a finite number > 0, got {lr!r}")
+  from fedjax_robust.hparams import check
+  check(lr, lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
+        f"learning rate must be a finite number > 0, got {lr!r}")
   for field, value in (("momentum", momentum), ("weight_decay", weight_decay)):
     if not (math.isfinite(value) and value >= 0):
       raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
@@ -35,11 +36,12 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: fl
   return opt
 
 
-def optimizer_from_config(cfg) -> optax.GradientTransformation:
-  """Builds an optimizer from a ConfigDict with ``optimizer``, ``lr`` and optional extras."""
+def optimizer_from_config(cfg, lr=None) -> optax.GradientTransformation:
+  """Builds an optimizer from a ConfigDict with ``optimizer``, ``lr`` and optional extras (``lr`` given here, e.g.
+  a traced grid value, replaces the config's)."""
   return make_optimizer(
       cfg.optimizer,
-      cfg.lr,
+      cfg.lr if lr is None else lr,
       momentum=cfg.get("momentum", 0.0),
       weight_decay=cfg.get("weight_decay", 0.0),
       nesterov=cfg.get("nesterov", False),

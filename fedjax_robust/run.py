@@ -14,6 +14,12 @@ pads the client splits to common shapes (padding never changes a client's number
 ``client.local_sgd``), stacks them, runs one program, and writes one run directory per seed plus a
 summary with the mean and standard deviation over seeds. Each seed's metrics equal those of the
 separate run with the same three fields (``tests/test_run.py``).
+
+``--config.grid="algorithm.fedprox.mu=0,0.01;client.lr=0.01,0.05"`` adds a grid over traced
+hyperparameters (the cartesian product; ``client.lr``, ``server.lr`` and the options an algorithm's
+registry entry declares ``traced``, e.g. FedCAP's alpha, phi, lambda, T_norm) to the same program: the
+algorithm is built inside it with those values as tracers (``fedjax_robust.hparams``), one lane per
+(seed, point), each equal to the separate run with those values.
 """
 
 from __future__ import annotations
@@ -169,79 +175,132 @@ def _seed_fields(config) -> tuple[str, ...]:
   return fields
 
 
+def parse_grid(value, algorithm_name: str) -> list[dict]:
+  """``"algorithm.fedprox.mu=0,0.01;client.lr=0.01,0.05"`` -> the cartesian product as a list of
+  ``{dotted key: float}`` points (``[]`` for ``""``). Only traced hyperparameters may vary: ``client.lr``,
+  ``server.lr`` and the options the algorithm's registry entry declares ``traced``."""
+  import itertools
+  from fedjax_robust.algorithms.registry import algorithm_entry
+  if not value:
+    return []
+  allowed = {"client.lr", "server.lr"} | {f"algorithm.{algorithm_name}.{f}"
+                                          for f in algorithm_entry(algorithm_name).traced}
+  axes = []
+  for part in str(value).split(";"):
+    if not part.strip():
+      continue
+    key, sep, values = part.partition("=")
+    key = key.strip()
+    if not sep:
+      raise ValueError(f"grid: expected key=v1,v2,... in {part!r}")
+    if key not in allowed:
+      raise ValueError(f"grid: {key!r} is not a traced hyperparameter of {algorithm_name!r}; one of {sorted(allowed)}")
+    try:
+      axis = [float(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+      raise ValueError(f"grid: {key} needs numbers, got {values!r}") from None
+    if not axis or len(set(axis)) != len(axis):
+      raise ValueError(f"grid: {key} needs distinct values, got {values!r}")
+    axes.append([(key, v) for v in axis])
+  if len({a[0][0] for a in axes}) != len(axes):
+    raise ValueError(f"grid: a key appears twice in {value!r}")
+  return [dict(point) for point in itertools.product(*axes)]
+
+
+def point_label(point: dict) -> str:
+  return "__".join(f"{k}={v:g}" for k, v in point.items())
+
+
 def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
-  """Runs ``config`` once per seed of ``config.seeds`` as ONE program (``jax.vmap`` of :func:`make_run`).
+  """Runs ``config`` once per seed of ``config.seeds`` and per point of ``config.grid`` as ONE program
+  (``jax.vmap`` over seeds of ``jax.vmap`` over grid points of :func:`make_run`).
 
-  Writes ``<run_dir>/seed_<s>/`` for each seed (the same files as a single run) and ``<run_dir>/summary.json``
-  with every final scalar metric's per-seed values, mean and standard deviation (``ddof=0``: the spread of
-  these seeds). Returns that summary.
+  Seeds differ in data (partition, attackers, initial model, run key: ``seed_fields``); grid points in traced
+  hyperparameters, the algorithm being built inside the program with them as tracers
+  (``Experiment.algorithm_with``). Writes ``<run_dir>/seed_<s>/`` per seed (``<run_dir>/<point>/seed_<s>/`` with a
+  grid; the same files as a single run, each ``config.json`` holding that run's values) and
+  ``<run_dir>/summary.json`` with every final scalar metric's per-seed values, mean and standard deviation
+  (``ddof=0``: the spread of these seeds), per grid point. Returns that summary.
   """
-  from fedjax_robust.experiment import (RunWriter, build_experiment, partition_record, round_record)
+  from fedjax_robust.experiment import RunWriter, build_experiment, partition_record, round_record
 
-  seeds = parse_seeds(config.seeds)
-  if not seeds:
-    raise ValueError("run_seeds needs config.seeds, e.g. '0,1,2'")
+  seeds = parse_seeds(config.get("seeds", ""))
+  points = parse_grid(config.get("grid", ""), config.algorithm.name)
+  if not seeds and not points:
+    raise ValueError("run_seeds needs config.seeds (e.g. '0,1,2') or config.grid")
   if config.output.checkpoint_every or config.output.resume:
-    raise ValueError("a seeds run is one program: output.checkpoint_every and output.resume are not supported")
+    raise ValueError("a seeds/grid run is one program: output.checkpoint_every and output.resume are not supported")
   fields = _seed_fields(config)
-  configs = [seed_config(config, s, fields) for s in seeds]
+  configs = [seed_config(config, s, fields) for s in seeds] if seeds else [seed_config(config, config.seed, ())]
+  seeds = seeds or [int(config.seed)]
   for c in configs:
     if c.engine.strategy in ("auto", "vmap"):
       c.engine.strategy = "vmap"  # the seed axis is a vmap: the client axis is one too
     else:
-      raise ValueError(f"a seeds run vmaps the whole run: engine.strategy must be auto or vmap, got "
+      raise ValueError(f"a seeds/grid run vmaps the whole run: engine.strategy must be auto or vmap, got "
                        f"{c.engine.strategy!r}")
+    with c.unlocked():
+      c.grid = ""
   t_build = time.perf_counter()
   experiments = [build_experiment(c) for c in configs]
   sims = [e.simulator for e in experiments]
   states = stack_trees([e.init_state() for e in experiments], "initial state")
   inputs = stack_inputs([s.inputs for s in sims])
   build_s = time.perf_counter() - t_build
-  run = jax.jit(jax.vmap(make_run(sims[0], int(config.rounds), int(config.eval_every))))
-  logger.info("seeds %s: one program, %d rounds each, on %s", seeds, config.rounds, jax.devices())
+  rounds, eval_every = int(config.rounds), int(config.eval_every)
+  if points:
+    grid = {k: jnp.asarray([p[k] for p in points], jnp.float32) for k in points[0]}
+
+    def lane(state, run_inputs, hparams):
+      sim = sims[0].with_algorithm(experiments[0].algorithm_with(hparams))
+      return make_run(sim, rounds, eval_every)(state, run_inputs)
+
+    program = jax.vmap(lambda st, inp: jax.vmap(lambda h: lane(st, inp, h))(grid))
+  else:
+    program = jax.vmap(make_run(sims[0], rounds, eval_every))
+  logger.info("seeds %s x %d grid points: one program, %d rounds each, on %s", seeds, max(len(points), 1), rounds,
+              jax.devices())
   t0 = time.perf_counter()
-  compiled = run.lower(states, inputs).compile()
+  compiled = jax.jit(program).lower(states, inputs).compile()
   compile_s = time.perf_counter() - t0
   t1 = time.perf_counter()
   final_states, trace = compiled(states, inputs)
   trace = jax.device_get(trace)
   run_s = time.perf_counter() - t1
   wall_s = time.perf_counter() - t0
+  del final_states
 
   name = config.output.name or f"{config.data.name}_{config.algorithm.name}_seeds_{time.strftime('%Y%m%d-%H%M%S')}"
   root = Path(run_dir) if run_dir is not None else Path(config.output.dir) / name
-  points = eval_rounds(int(config.rounds), int(config.eval_every))
-  finals = []
-  for i, (seed, c, exp) in enumerate(zip(seeds, configs, experiments)):
-    writer = RunWriter(root / f"seed_{seed}")
-    writer.write_json("config.json", json.loads(c.to_json_best_effort()))
-    writer.write_json("partition.json", partition_record(exp.data))
-    if exp.malicious is not None:
-      writer.write_json("malicious.json", {"malicious_clients": np.flatnonzero(exp.malicious).tolist(),
-                                           "poisoning": exp.data.info.get("poisoning")})
-    rounds_i, evals_i = unstack(trace.rounds, i), unstack(trace.evaluations, i)
-    record: dict[str, Any] = {}
-    for t in range(1, int(config.rounds) + 1):
-      record = round_record(t, unstack(rounds_i, t - 1))
-      if t in points:
-        record.update(exp.simulator.evaluation_record(unstack(evals_i, points.index(t))))
-      writer.log_round(record)
-    final = {k: v for k, v in record.items() if not k.endswith("client_acc")}
-    finals.append(final)
-    writer.write_json("summary.json", {"final": final, "final_client_acc": record.get("client_acc"),
-                                       "rounds": int(config.rounds), "seed": seed, "seeds_run": str(root),
-                                       "wall_time_s_all_seeds": wall_s})
-    writer.close()
+  evaluated = eval_rounds(rounds, eval_every)
+  summaries = {}
+  for g, point in enumerate(points or [{}]):
+    finals = []
+    for i, (seed, c, exp) in enumerate(zip(seeds, configs, experiments)):
+      lane_trace = unstack(trace, i) if not points else unstack(unstack(trace, i), g)
+      run_config = json.loads(c.to_json_best_effort())
+      for key, value in point.items():  # the values this lane ran with
+        *path, leaf = key.split(".")
+        node = run_config
+        for part in path:
+          node = node[part]
+        node[leaf] = value
+      seed_dir = (root / point_label(point) if point else root) / f"seed_{seed}"
+      finals.append(_write_lane(seed_dir, run_config, exp, lane_trace, rounds, evaluated,
+                                {"seed": seed, "grid_point": point, "seeds_run": str(root),
+                                 "wall_time_s_all_lanes": wall_s}, RunWriter, partition_record, round_record))
+    summaries[point_label(point) or "all"] = summarize_finals(finals)
   summary = {
       "seeds": seeds,
       "seed_fields": list(fields),
-      "rounds": int(config.rounds),
-      "final": summarize_finals(finals),
+      "grid": points,
+      "rounds": rounds,
+      "final": summaries["all"] if not points else summaries,
       "build_s": build_s,
       "compile_s": compile_s,
       "run_s": run_s,
       "wall_time_s": wall_s,
-      "rounds_per_s": len(seeds) * int(config.rounds) / run_s,
+      "rounds_per_s": len(seeds) * max(len(points), 1) * rounds / run_s,
       "strategy": "vmap",
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
@@ -249,8 +308,29 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   }
   root.mkdir(parents=True, exist_ok=True)
   (root / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-  del final_states
   return summary
+
+
+def _write_lane(run_dir: Path, run_config: dict, exp, lane_trace: RunTrace, rounds: int, evaluated: list[int],
+                extra: dict, RunWriter, partition_record, round_record) -> dict:
+  """One lane's run directory (config, partition, attackers, per-round metrics, summary); returns its final record."""
+  writer = RunWriter(run_dir)
+  writer.write_json("config.json", run_config)
+  writer.write_json("partition.json", partition_record(exp.data))
+  if exp.malicious is not None:
+    writer.write_json("malicious.json", {"malicious_clients": np.flatnonzero(exp.malicious).tolist(),
+                                         "poisoning": exp.data.info.get("poisoning")})
+  record: dict[str, Any] = {}
+  for t in range(1, rounds + 1):
+    record = round_record(t, unstack(lane_trace.rounds, t - 1))
+    if t in evaluated:
+      record.update(exp.simulator.evaluation_record(unstack(lane_trace.evaluations, evaluated.index(t))))
+    writer.log_round(record)
+  final = {k: v for k, v in record.items() if not k.endswith("client_acc")}
+  writer.write_json("summary.json", {"final": final, "final_client_acc": record.get("client_acc"),
+                                     "rounds": rounds, **extra})
+  writer.close()
+  return final
 
 
 def summarize_finals(finals: Sequence[dict]) -> dict:

@@ -164,6 +164,15 @@ class Simulator:
         self.malicious)
     self._build()
 
+  def with_algorithm(self, algorithm: FedAlgorithm) -> "Simulator":
+    """This simulator running another build of the same algorithm (same state structure), e.g. one whose
+    hyperparameters are tracers inside a grid program (``fedjax_robust.run``)."""
+    import copy
+    other = copy.copy(self)
+    other.algorithm = algorithm
+    other._build()
+    return other
+
   @property
   def inputs(self) -> RunInputs:
     """This simulator's data as the :class:`RunInputs` argument of its compiled functions."""

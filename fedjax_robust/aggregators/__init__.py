@@ -20,6 +20,7 @@ flagged clients, diagnostics). Conventions (validity, NaN/Inf screening): ``base
 | fltrust | eps (0) | eps=1e-9: FedCAP code's denominator (fedcap §3); needs context["reference_update"] |
 | clustered | weighted (True) | (FedCAP's ClusteredFL: complete linkage, larger cluster, fedcap §3) |
 | flare | neighbor_frac (0.5), temperature (1), gamma (median heuristic), unbiased (True) | port_k_minus_one (fedcc §3); needs context["features"] |
+| fedcc | similarity ("kernel_cka"), sigma (1), bandwidth ("nonzero_median"), debiased, mmd_gamma (1), tie_break, variant ("v2"), layer, weighted (False) | variant="v3_layerwise" (fedcc §1.9), compat_drop_zero_scores (§1.5), compat_benign_only (§1.10); needs context["penultimate_weights"] unless layer= |
 | bucketing | inner, s (2) | fixed_seed: FedCAP's same permutation every round (fedcap §3) |
 | gas | inner, p (1000), num_byzantine (inner's), permute (True) | |
 
@@ -30,6 +31,7 @@ from fedjax_robust.aggregators.base import AggregateResult, Aggregator, sanitize
 from fedjax_robust.aggregators.clipping import make_centered_clipping, make_norm_clipping
 from fedjax_robust.aggregators.clustered import make_clustered
 from fedjax_robust.aggregators.coordinate import make_median, make_trimmed_mean
+from fedjax_robust.aggregators.fedcc import make_fedcc
 from fedjax_robust.aggregators.flare import make_flare
 from fedjax_robust.aggregators.fltrust import make_fltrust
 from fedjax_robust.aggregators.geometric_median import make_rfa
@@ -40,7 +42,7 @@ from fedjax_robust.aggregators.wrappers import make_bucketing, make_gas
 
 __all__ = [
     "AGGREGATORS", "AggregateResult", "Aggregator", "aggregator_from_config", "make_aggregator", "make_bucketing",
-    "make_bulyan", "make_centered_clipping", "make_clustered", "make_flare", "make_fltrust", "make_gas", "make_krum",
-    "make_mean", "make_median", "make_multi_krum", "make_norm_clipping", "make_rfa", "make_trimmed_mean", "sanitize",
-    "weighted_mean",
+    "make_bulyan", "make_centered_clipping", "make_clustered", "make_fedcc", "make_flare", "make_fltrust", "make_gas",
+    "make_krum", "make_mean", "make_median", "make_multi_krum", "make_norm_clipping", "make_rfa", "make_trimmed_mean",
+    "sanitize", "weighted_mean",
 ]

@@ -18,6 +18,7 @@ from fedjax_robust.aggregators.base import Aggregator
 from fedjax_robust.aggregators.clipping import make_centered_clipping, make_norm_clipping
 from fedjax_robust.aggregators.clustered import make_clustered
 from fedjax_robust.aggregators.coordinate import make_median, make_trimmed_mean
+from fedjax_robust.aggregators.fedcc import make_fedcc
 from fedjax_robust.aggregators.flare import make_flare
 from fedjax_robust.aggregators.fltrust import make_fltrust
 from fedjax_robust.aggregators.geometric_median import make_rfa
@@ -48,6 +49,7 @@ AGGREGATORS: dict[str, Callable[..., Aggregator]] = {
     "fltrust": make_fltrust,
     "clustered": make_clustered,
     "flare": make_flare,
+    "fedcc": make_fedcc,
     "bucketing": make_bucketing,
     "gas": make_gas,
 }

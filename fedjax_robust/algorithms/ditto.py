@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators import Aggregator
+from fedjax_robust.hparams import check, may_be_nonzero, scalar
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import make_fedavg, squared_distance, tree_sub
 from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
@@ -101,7 +102,7 @@ def ditto_pair_loss(model: Model | ApplyFn, anchor: PyTree, lamda: float, pair_f
     forward = pair_logits(training_apply(model, batch.key), pair_forward)
     logits_w, logits_v = forward(params["w"], params["v"], batch.x)
     loss = masked_cross_entropy(logits_w, batch.y, batch.mask) + masked_cross_entropy(logits_v, batch.y, batch.mask)
-    if lamda:
+    if may_be_nonzero(lamda):
       loss = loss + 0.5 * lamda * squared_distance(params["v"], anchor)
     return loss, batch.model_state
 
@@ -127,9 +128,8 @@ def make_ditto(
   training that restarts nowhere), while ``w`` is always FedAvg's client.
   ``pair_forward``: how the pair's two passes run (module docstring); same numbers.
   """
-  if lamda < 0:
-    raise ValueError(f"ditto: lamda must be >= 0, got {lamda}")
-  lamda = float(lamda)
+  check(lamda, lambda v: v >= 0, f"ditto: lamda must be >= 0, got {lamda}")
+  lamda = scalar(lamda)
   check_pair_forward(pair_forward)
   require_stateless(as_model(apply_fn), name)
   server = make_fedavg(apply_fn, client_opt, spec, server_opt, aggregator=aggregator, root_data=root_data)

@@ -39,6 +39,7 @@ from flax import traverse_util
 
 from fedjax_robust.aggregators import Aggregator, make_mean
 from fedjax_robust.aggregators.base import combine
+from fedjax_robust.hparams import check, may_be_nonzero
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables, train_logits
@@ -71,7 +72,7 @@ def classification_loss(model: Model | ApplyFn, anchor: PyTree | None = None, mu
   def loss_fn(params, batch: Batch):
     logits, model_state = train_logits(model, params, batch.model_state, batch.x, batch.key, batch.mask)
     loss = masked_cross_entropy(logits, batch.y, batch.mask)
-    if mu:
+    if may_be_nonzero(mu):
       loss = loss + 0.5 * mu * squared_distance(params, anchor)
     return loss, model_state
 
@@ -150,8 +151,7 @@ def make_fedavg(
   momentum) across the rounds it participates in, as PyTorch FL code that builds
   one optimizer per client does; by default it is reset every round.
   """
-  if mu < 0:
-    raise ValueError(f"FedProx mu must be >= 0, got {mu}")
+  check(mu, lambda v: v >= 0, f"FedProx mu must be >= 0, got {mu}")
   if ft_mode not in (None, "last_local", "finetune"):
     raise ValueError(f"ft_mode must be None, 'last_local' or 'finetune', got {ft_mode!r}")
   if ft_mode == "finetune" and finetune_epochs < 1:

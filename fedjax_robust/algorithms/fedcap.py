@@ -67,6 +67,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from fedjax_robust.hparams import check, scalar
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.ditto import check_pair_forward, ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
@@ -178,21 +179,17 @@ def make_fedcap(
   ``pair_forward``: how the personalized and customized models' passes run
   (:func:`fedjax_robust.algorithms.ditto.pair_logits`); same numbers.
   """
-  if alpha < 0:
-    raise ValueError(f"fedcap: alpha must be >= 0, got {alpha}")
-  if not 0.0 <= phi <= 1.0:
-    raise ValueError(f"fedcap: phi must be in [0, 1], got {phi}")
-  if lamda < 0:
-    raise ValueError(f"fedcap: lamda must be >= 0, got {lamda}")
-  if not norm_threshold > 0:
-    raise ValueError(f"fedcap: norm_threshold must be > 0, got {norm_threshold}")
+  check(alpha, lambda v: v >= 0, f"fedcap: alpha must be >= 0, got {alpha}")
+  check(phi, lambda v: 0.0 <= v <= 1.0, f"fedcap: phi must be in [0, 1], got {phi}")
+  check(lamda, lambda v: v >= 0, f"fedcap: lamda must be >= 0, got {lamda}")
+  check(norm_threshold, lambda v: v > 0, f"fedcap: norm_threshold must be > 0, got {norm_threshold}")
   if num_clients < 1:
     raise ValueError(f"fedcap: num_clients must be >= 1, got {num_clients}")
   if eval_customized not in ("fresh", "last_received"):
     raise ValueError(f"fedcap: eval_customized must be 'fresh' or 'last_received', got {eval_customized!r}")
   keep_customized = eval_customized == "last_received"
   check_pair_forward(pair_forward)
-  alpha, phi, lamda, norm_threshold = float(alpha), float(phi), float(lamda), float(norm_threshold)
+  alpha, phi, lamda, norm_threshold = scalar(alpha), scalar(phi), scalar(lamda), scalar(norm_threshold)
   poison_requests = request_updates and request_poisoner is not None
   if poison_requests and malicious is not None:
     malicious = jnp.asarray(malicious, bool).reshape(-1)

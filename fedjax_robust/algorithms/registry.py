@@ -31,6 +31,7 @@ from fedjax_robust.algorithms.fedcap import make_fedcap
 from fedjax_robust.algorithms.fedfomo import make_fedfomo
 from fedjax_robust.algorithms.fedrod import make_fedrod
 from fedjax_robust.client import LocalTrainSpec
+from fedjax_robust.hparams import scalar
 from fedjax_robust.models.interface import Model
 
 
@@ -45,15 +46,20 @@ class BuildContext(NamedTuple):
   cohort: int
   attack: Any = None  # the run's model attack (FedCAP's poisoned requests, spec §2.3)
   malicious: Optional[np.ndarray] = None  # [K] bool
+  hparams: dict = {}  # dotted config key -> value (a tracer inside a grid program) replacing the config's
 
   @property
   def alg(self):
     return self.config.algorithm
 
   @property
-  def options(self):
-    """This algorithm's own block ``config.algorithm.<name>`` (empty for one without options)."""
-    return self.config.algorithm.get(self.config.algorithm.name) or {}
+  def options(self) -> "Options":
+    """This algorithm's own block ``config.algorithm.<name>`` (empty for one without options), with the grid's
+    traced values (``hparams``) in place of the config's."""
+    name = self.config.algorithm.name
+    prefix = f"algorithm.{name}."
+    return Options(self.config.algorithm.get(name) or {},
+                   {k[len(prefix):]: v for k, v in self.hparams.items() if k.startswith(prefix)})
 
   @property
   def persist(self) -> bool:
@@ -65,9 +71,27 @@ class BuildContext(NamedTuple):
     return check_pair_forward(str(engine.get("pair_forward", "separate")) if engine is not None else "separate")
 
 
+class Options:
+  """Read-only view of an algorithm's config block with some fields replaced (grid values, maybe traced)."""
+
+  def __init__(self, block, replaced: dict):
+    self._block, self._replaced = block, replaced
+
+  def __getattr__(self, field):
+    if field.startswith("_"):
+      raise AttributeError(field)
+    return self.get(field)
+
+  def get(self, field, default=None):
+    if field in self._replaced:
+      return self._replaced[field]
+    return self._block.get(field, default)
+
+
 class AlgorithmEntry(NamedTuple):
   build: Callable[[BuildContext], FedAlgorithm]
   options: dict = {}  # its block config.algorithm.<name>: field -> default
+  traced: tuple[str, ...] = ()  # options its factory accepts as traced values (a grid over them is one program)
   aggregates: bool = True
   resets_client_optimizer: bool = False  # refuses client.persist_optimizer_state
   full_cohort: Callable[[Any], bool] = lambda config: False
@@ -123,8 +147,8 @@ def _fedavg_family(name: str, options: Callable[[Any], dict] = lambda block: {})
 
 
 register_algorithm("fedavg", _fedavg_family("fedavg"))
-register_algorithm("fedprox", _fedavg_family("fedprox", lambda o: {"mu": float(o.mu)}),
-                   options={"mu": 0.01})  # proximal weight
+register_algorithm("fedprox", _fedavg_family("fedprox", lambda o: {"mu": scalar(o.mu)}),
+                   options={"mu": 0.01}, traced=("mu",))  # proximal weight
 register_algorithm("fedavg_ft", _fedavg_family(
     "fedavg_ft", lambda o: {"finetune_epochs": int(o.finetune_epochs), "ft_mode": o.ft_mode}),
     # ft_mode: 'last_local' (score each client's model after its local epochs, FedCAP spec §3) or 'finetune'
@@ -138,10 +162,10 @@ register_algorithm(
     full_cohort=lambda config: bool(config.algorithm.local.get("trains_all", True)))
 register_algorithm(
     "ditto", lambda ctx: make_ditto(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt,
-                                    lamda=float(ctx.options.lamda), aggregator=ctx.aggregator,
+                                    lamda=scalar(ctx.options.lamda), aggregator=ctx.aggregator,
                                     pair_forward=ctx.pair_forward),
     # lamda: prox weight of the personalized model toward the received global one (FedCAP spec §3)
-    options={"lamda": 1.0}, resets_client_optimizer=True)
+    options={"lamda": 1.0}, traced=("lamda",), resets_client_optimizer=True)
 
 
 def _build_fedrod(ctx: BuildContext) -> FedAlgorithm:
@@ -167,8 +191,8 @@ def _build_fedcap(ctx: BuildContext) -> FedAlgorithm:
     request = ctx.cohort < ctx.num_clients
   elif not isinstance(request, bool):
     raise ValueError(f"algorithm.fedcap.request_updates must be 'auto', True or False, got {request!r}")
-  return make_fedcap(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, alpha=float(f.alpha), phi=float(f.phi),
-                     lamda=float(f.lamda), norm_threshold=float(f.norm_threshold), calibrate=bool(f.calibrate),
+  return make_fedcap(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, alpha=scalar(f.alpha), phi=scalar(f.phi),
+                     lamda=scalar(f.lamda), norm_threshold=scalar(f.norm_threshold), calibrate=bool(f.calibrate),
                      personalize=bool(f.personalize), request_updates=bool(request),
                      request_poisoner=request_poisoner(ctx.attack) if bool(f.get("poison_requests", True)) else None,
                      malicious=ctx.malicious, pair_forward=ctx.pair_forward,
@@ -178,7 +202,8 @@ def _build_fedcap(ctx: BuildContext) -> FedAlgorithm:
 
 # FedCAP (specs/fedcap.md §1.2; per-attack values in experiments/configs/fedcap_cifar10.py). Defaults off the
 # per-cell table: spec §6 item 12 (alpha 10 for label skew, 2 for feature skew; phi 0.1).
-register_algorithm("fedcap", _build_fedcap, aggregates=False, options={
+register_algorithm("fedcap", _build_fedcap, aggregates=False, traced=("alpha", "phi", "lamda", "norm_threshold"),
+                   options={
     "alpha": 10.0,  # softmax scale of the cosine similarities (Eq. 5)
     "phi": 0.1,  # self-weight of a pooled client (Eq. 5); the per-cell configs set 0.1-0.3
     "lamda": 0.1,  # prox weight of the personalized model toward the customized one (Eq. 7)
