@@ -38,9 +38,13 @@ def main(argv):
   apply_open_overrides(config, _OPEN_OVERRIDES)
   summary = run_experiment(config, _RUN_DIR.value)
   speed = summary["rounds_per_s"]  # None when a resumed run had no rounds left to run
-  print(json.dumps({"final": summary["final"], "wall_time_s": round(summary["wall_time_s"], 2),
+  final = summary["final"]
+  if "seeds" in summary:  # one program over seeds (and grid points): mean ± std per metric
+    spread = lambda block: {k: f"{v['mean']:.4f} ± {v['std']:.4f}" for k, v in block.items()}
+    final = spread(final) if not summary["grid"] else {p: spread(b) for p, b in final.items()}
+  print(json.dumps({"final": final, "wall_time_s": round(summary["wall_time_s"], 2),
                     "rounds_per_s": None if speed is None else round(speed, 3), "strategy": summary["strategy"],
-                    "resumed_from_round": summary["resumed_from_round"], "run_dir": summary["run_dir"]}, indent=2))
+                    "resumed_from_round": summary.get("resumed_from_round"), "run_dir": summary["run_dir"]}, indent=2))
 
 
 _OPEN_OVERRIDES: list = []
