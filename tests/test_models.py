@@ -29,6 +29,9 @@ CASES = [
     ("lenet5", {}, (28, 28, 1), 10, 61_706, 84),
     ("lenet5", {}, (32, 32, 3), 10, 83_126, 84),  # pad 2: flatten 576
     ("cifar_cnn", {}, (32, 32, 3), 10, 62_006, 84),
+    ("cifar_cnn", {}, (32, 32, 3), 100, 69_656, 84),  # FedCC CIFAR-100 LeNet at 32x32 (spec §4.3)
+    ("fedcc_fmnist_cnn", {}, (28, 28, 1), 10, 3_382_346, 128),  # FedCC Table VI
+    ("fedcc_cifar_cnn", {}, (32, 32, 3), 10, 109_834, 128),  # FedCC Table VII
     ("mlp", {"hidden": (200, 200)}, (8, 8, 1), 10, 55_210, 200),
     ("mlp", {"hidden": (64,), "dropout_rate": 0.5}, (32, 32, 3), 10,
      197_322, 64),
@@ -397,3 +400,18 @@ def test_conv_impl_errors_and_config():
   model = get_model_from_config(cfg, num_classes=10)
   assert isinstance(model, models.FedAvgCNN) and model.conv_impl == "patches"
   hash(model)
+
+
+def test_fedcc_cnns_penultimate_has_no_activation_and_dropout_is_train_only():
+  """FedCC's fc1 has no ReLU (spec §4.3: the PLR layer feeds the head directly); dropout acts in training only."""
+  for name, shape in (("fedcc_cifar_cnn", (32, 32, 3)), ("fedcc_fmnist_cnn", (28, 28, 1))):
+    model = get_model(name, 10)
+    assert model.penultimate == "fc1"
+    params = _np_params(model, shape)
+    x = jnp.asarray(np.random.default_rng(0).uniform(0, 1, (4,) + shape), jnp.float32)
+    feats = model.apply({"params": params}, x, method="features")
+    assert feats.shape == (4, 128) and float(feats.min()) < 0  # no ReLU
+    eval_logits = model.apply({"params": params}, x)
+    np.testing.assert_allclose(model.apply({"params": params}, x, False), eval_logits)
+    train_logits = model.apply({"params": params}, x, True, rngs={"dropout": jax.random.key(1)})
+    assert not np.allclose(train_logits, eval_logits)

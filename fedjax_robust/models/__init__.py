@@ -27,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_robust.models.classifiers import (BNCNN, CifarCNN, EMNISTCNN,
-                                              FedAvgCNN, HARCNN, LeNet5, MLP)
+                                              FedAvgCNN, FedCCCifarCNN,
+                                              FedCCFMNISTCNN, HARCNN, LeNet5,
+                                              MLP)
 from fedjax_robust.models.interface import (Model, as_model, as_variables,
                                             make_model, merge_variables,
                                             require_stateless, split_variables,
@@ -44,6 +46,8 @@ MODELS: dict[str, type[nn.Module]] = {
     "lenet5": LeNet5,
     "cifar_cnn": CifarCNN,
     "bn_cnn": BNCNN,
+    "fedcc_fmnist_cnn": FedCCFMNISTCNN,
+    "fedcc_cifar_cnn": FedCCCifarCNN,
 }
 
 # The input shape (H, W, C) each model was specified for (the MLP takes any).
@@ -55,6 +59,8 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "lenet5": (28, 28, 1),
     "cifar_cnn": (32, 32, 3),
     "bn_cnn": (32, 32, 3),
+    "fedcc_fmnist_cnn": (28, 28, 1),
+    "fedcc_cifar_cnn": (32, 32, 3),
 }
 
 _RESERVED_FIELDS = ("parent", "name", "num_classes")

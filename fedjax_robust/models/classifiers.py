@@ -199,6 +199,77 @@ class CifarCNN(LeNet5):
   conv1_padding: int = 0
 
 
+class _FedCCConvNet(nn.Module):
+  """The body of FedCC's two small CNNs (specs/fedcc.md §4.3): VALID convolutions with ReLU (and a 2x2 max pool
+  after each when ``pool``), flatten, dropout, ``fc1`` WITHOUT activation (the penultimate layer whose
+  weights FedCC compares), dropout, ``head``. Dropout is applied in training only (the official code also
+  drops at test time, spec §4.3 [Q]; not reproduced)."""
+
+  num_classes: int = 10
+  fc_dim: int = 128
+  dropout_rate: float = 0.5  # before fc1 (CIFAR: the paper's p = 0.5, absent in the code: 0.0)
+  head_dropout_rate: float = 0.0  # between fc1 and head (fMNIST: 0.5)
+  init_scheme: str = "torch"
+  conv_impl: str = "xla"
+
+  conv_features = (64, 64)
+  kernel_size = (5, 5)
+  pool = False
+  penultimate = "fc1"
+
+  def setup(self):
+    for i, width in enumerate(self.conv_features):
+      setattr(self, f"conv{i + 1}", TorchConv(width, self.kernel_size, init_scheme=self.init_scheme,
+                                              impl=self.conv_impl))
+    self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+    if self.dropout_rate > 0:
+      self.dropout = nn.Dropout(self.dropout_rate)
+    if self.head_dropout_rate > 0:
+      self.head_dropout = nn.Dropout(self.head_dropout_rate)
+
+  @property
+  def feature_dim(self) -> int:
+    return self.fc_dim
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """fc1's output (no activation: the input of ``head`` before its dropout)."""
+    for i in range(len(self.conv_features)):
+      x = nn.relu(getattr(self, f"conv{i + 1}")(x))
+      if self.pool:
+        x = _pool(x)
+    x = _flatten(x)
+    if self.dropout_rate > 0:
+      x = self.dropout(x, deterministic=not train)
+    return self.fc1(x)
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    x = self.features(x, train)
+    if self.head_dropout_rate > 0:
+      x = self.head_dropout(x, deterministic=not train)
+    return self.head(x)
+
+
+class FedCCFMNISTCNN(_FedCCConvNet):
+  """FedCC Fashion-MNIST CNN (spec §4.3, Table VI): conv 64 k5 -> ReLU -> conv 64 k5 -> ReLU -> dropout 0.25 ->
+  flatten 25600 -> fc1 128 (no activation; PLR = fc1's 25600 x 128 kernel) -> dropout 0.5 -> head 10.
+  28x28x1: 3,382,346 parameters."""
+
+  dropout_rate: float = 0.25
+  head_dropout_rate: float = 0.5
+
+
+class FedCCCifarCNN(_FedCCConvNet):
+  """FedCC CIFAR-10 CNN (spec §4.3, Table VII): [conv 64 k3 -> ReLU -> maxpool 2] x 3 -> flatten 256 ->
+  dropout 0.5 (the paper's; ``dropout_rate=0`` is the code's) -> fc1 128 (no activation; PLR = fc1's
+  256 x 128 kernel) -> head 10. 32x32x3: 109,834 parameters. (CIFAR-100's LeNet is ``cifar_cnn`` with 100
+  classes: 69,656 parameters at 32x32, 5,414,936 at the paper's 224x224.)"""
+
+  conv_features = (64, 64, 64)
+  kernel_size = (3, 3)
+  pool = True
+
+
 class MLP(nn.Module):
   """Flatten -> [Dense(h) -> (Dropout) -> ReLU] for h in hidden -> head.
 
