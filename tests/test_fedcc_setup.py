@@ -1,0 +1,59 @@
+"""FedCC's experiment setup (specs/fedcc.md §4): configs per dataset / scenario / rule, and the grid's tables."""
+
+import json
+
+import pytest
+
+from fedjax_robust.config_files import load_module
+from fedjax_robust.models import count_params, get_model, init_params
+
+
+def config(dataset, arg):
+  return load_module(f"experiments/configs/fedcc_{dataset}.py").get_config(arg)
+
+
+def test_configs_follow_the_spec_setting():
+  c = config("fmnist", "fang_median")
+  assert (c.rounds, c.client.epochs, c.client.batch_size) == (30, 5, 100)  # spec §4.4, §4.6
+  assert (c.client.optimizer, c.client.lr, c.client.weight_decay) == ("adam", 1e-3, 1e-3)
+  assert (c.data.num_clients, c.server.participation, c.data.train_ratio) == (10, 1.0, 0.8)
+  assert (c.data.partition.name, c.data.partition.alpha) == ("dirichlet", 0.2)
+  assert (c.attack.name, c.attack.fraction) == ("fang_median", 0.3) and c.aggregator.name == "fedcc"
+  assert config("cifar10", "none,iid").data.partition.name == "iid"
+  assert (config("cifar10", "none").rounds, config("cifar10", "targeted").rounds) == (20, 40)
+  assert dict(config("cifar10", "none,krum").aggregator) == {"name": "krum", "num_byzantine": 0}  # Table II: f = 0
+  assert dict(config("cifar10", "fang_krum,bulyan").aggregator) == {"name": "bulyan", "num_byzantine": 3,
+                                                                    "strict": False}
+  assert dict(config("cifar10", "none,fedavg").aggregator) == {"name": "mean", "weighted": False}
+  assert dict(config("cifar10", "fang_median,fedcc_mmd").aggregator) == {"name": "fedcc", "similarity": "mmd"}
+  t = config("cifar10", "targeted")
+  assert (t.attack.name, t.attack.clients, t.attack.params.factor) == ("boosting", "0", 5.0)
+  with pytest.raises(ValueError, match="scenario"):
+    config("cifar10", "lie")
+  with pytest.raises(ValueError, match="unknown FedCC config part"):
+    config("cifar10", "none,trimmed")
+
+
+def test_models_of_the_configs_have_the_papers_sizes():
+  import jax
+  for dataset, shape, n in (("fmnist", (28, 28, 1), 3_382_346), ("cifar10", (32, 32, 3), 109_834),
+                            ("cifar100", (32, 32, 3), 69_656)):
+    c = config(dataset, "none")
+    model = get_model(c.model.name, 100 if dataset == "cifar100" else 10)
+    params = jax.eval_shape(lambda k: init_params(model, k, shape), jax.random.key(0))
+    assert count_params(params) == n, dataset
+
+
+def test_tables_from_stored_cells(tmp_path):
+  from experiments import fedcc_tables as t
+  results = {t.cell_key("fang_median", "noniid", "fmnist", "fedcc"): {"value": 70.0, "value_std": 1.5,
+                                                                      "rounds": 30, "epochs": 5, "seeds": [0, 1, 2]},
+             t.cell_key("fang_median", "noniid", "fmnist", "fedavg"): {"value": 12.0, "rounds": 30, "epochs": 5}}
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  table = t.table_from_json(path, "table3")
+  row = [line for line in table.splitlines() if line.startswith("| Fang-Med | non-IID | fMNIST")][0]
+  assert "70.00 ± 1.50 / 72.76" in row and "12.00 / 16.32" in row and "— / 49.33" in row
+  assert "Fang-Krum" not in table  # rows without any cell are left out
+  assert len(t.cells_of("table3", ["fmnist"], ["noniid", "iid"], list(t.RULES))) == 3 * 2 * 6
+  assert len(t.cells_of("table1", None, ["iid", "noniid"], None)) == 6 * 5
