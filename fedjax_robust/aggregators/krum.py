@@ -22,6 +22,8 @@ coordinate-wise median of the selected set. Requires ``n >= 4f + 3``.
 ``strict=False`` allows smaller ``n`` and clamps ``beta >= 1`` (the
 recommended resolution of fedcc.md §3, where n=10, f=3 gives beta = -2);
 ``count_self=True`` is the FedCC code's Krum-with-self inside Bulyan.
+``fedcc_code=True`` is the whole FedCC-code Bulyan (``aggregate.bulyan``), see
+:func:`make_bulyan`.
 """
 
 from __future__ import annotations
@@ -57,20 +59,21 @@ def distance_matrix(updates, valid, distance: str) -> jax.Array:
   return pairwise_sq_distances(updates, valid) if distance == "squared" else fedcc_distances(updates, valid)
 
 
-def krum_scores(dist: jax.Array, valid: jax.Array, f: int, count_self: bool = False) -> jax.Array:
+def krum_scores(dist: jax.Array, valid: jax.Array, f: int, count_self: bool = False, min_k: int = 1) -> jax.Array:
   """``[C]`` Krum scores over the clients in ``valid`` (invalid: +inf).
 
   Sums the ``k = n-f-2`` smallest distances to the other valid clients
   (``count_self``: ``k-1`` others, the self-distance 0 taking one slot). ``k`` is
-  clamped to ``[1, n-1]`` so a too-small ``n`` at run time still gives finite,
-  usable scores.
+  clamped to ``[min_k, n-1]`` so a too-small ``n`` at run time still gives finite,
+  usable scores (``min_k=0``: the FedCC code, where only the self-distance is
+  summed and every score is 0).
   """
   c = dist.shape[0]
   n = jnp.sum(valid).astype(jnp.int32)
   others = valid[None, :] & valid[:, None] & ~jnp.eye(c, dtype=bool)
   rows = jnp.sort(jnp.where(others, dist, jnp.inf), axis=1)
   k = n - f - 2 - (1 if count_self else 0)
-  k = jnp.clip(k, 1, jnp.maximum(n - 1, 1))
+  k = jnp.clip(k, min_k, jnp.maximum(n - 1, 1))
   take = jnp.arange(c)[None, :] < k
   scores = jnp.sum(jnp.where(take, rows, 0.0), axis=1)
   return finite_scores(scores, valid)
@@ -131,14 +134,28 @@ def _check_bulyan(f: int, c: int):
 
 
 def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = True,
-                num_clients: Optional[int] = None) -> Aggregator:
+                num_clients: Optional[int] = None, fedcc_code: bool = False) -> Aggregator:
   """Bulyan (El Mhamdi et al. 2018) on top of recursive Krum (squared Euclidean distances).
 
   Flags the valid clients that the Krum selection stage did not pick.
   ``diagnostics``: ``selected`` [C] (the theta picks), ``selection_order`` [C]
   (pick index, -1 if not picked), ``theta``, ``beta``.
+
+  ``fedcc_code=True`` (compat only, fedcc.md §3 "Bulyan [Q]") reproduces the
+  FedCC code's ``aggregate.bulyan`` and implies ``count_self`` and no
+  ``n >= 4f + 3`` check:
+
+  * the recursive Krum sums the ``|R|-f-2`` smallest entries of a row INCLUDING
+    the self-distance 0, and the loop stops as soon as ``|R| - f - 2 <= 0``, so
+    ``theta = min(n - 2f, n - f - 2)`` (n=10: 8 picks at f=0, 7 at f=1, 4 at f=3);
+    the last pick, with only the self-distance summed, is the first remaining index;
+  * the median of the selected set is ``torch.median``, the LOWER middle value;
+  * the mean is over ``sorted[:theta - 2f]`` with Python slicing: a negative
+    ``beta`` keeps all but the last ``|beta|`` (n=10, f=3: 2 values); floored at 1.
   """
   f = check_int("bulyan: num_byzantine", num_byzantine)
+  if fedcc_code:
+    count_self, strict = True, False
   if strict and num_clients is not None:
     _check_bulyan(f, int(num_clients))
 
@@ -149,12 +166,18 @@ def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = Tru
     if strict:
       _check_bulyan(f, c)
     dist = distance_matrix(p.updates, p.valid, "squared")
-    theta = jnp.clip(p.n - 2 * f, 1, jnp.maximum(p.n, 1))
-    beta = jnp.clip(theta - 2 * f, 1, theta)
+    n = jnp.maximum(p.n, 1)
+    if fedcc_code:
+      theta = jnp.clip(jnp.minimum(p.n - 2 * f, p.n - f - 2), 1, n)
+      beta = theta - 2 * f
+      beta = jnp.clip(jnp.where(beta < 0, theta + beta, beta), 1, theta)
+    else:
+      theta = jnp.clip(p.n - 2 * f, 1, n)
+      beta = jnp.clip(theta - 2 * f, 1, theta)
 
     def pick(t, carry):
       remaining, order = carry
-      scores = krum_scores(dist, remaining, f, count_self)
+      scores = krum_scores(dist, remaining, f, count_self, min_k=0 if fedcc_code else 1)
       i = jnp.argmin(scores)
       active = (t < theta) & remaining[i]
       remaining = remaining.at[i].set(remaining[i] & ~active)
@@ -165,7 +188,7 @@ def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = Tru
     _, order = jax.lax.fori_loop(0, steps, pick, (p.valid, jnp.full((c,), -1, jnp.int32)))
     selected = p.valid & (order >= 0)
 
-    agg, contrib = _closest_to_median(p.updates, selected, theta, beta)
+    agg, contrib = _closest_to_median(p.updates, selected, theta, beta, lower_median=fedcc_code)
     diag = {"selected": selected, "selection_order": order, "theta": theta, "beta": beta,
             "condition_ok": p.n >= 4 * f + 3}
     return finish(p, agg, contrib, p.valid & ~selected, diag)
@@ -173,19 +196,21 @@ def make_bulyan(num_byzantine: int, count_self: bool = False, strict: bool = Tru
   return Aggregator("bulyan", aggregate)
 
 
-def _closest_to_median(updates, selected: jax.Array, theta, beta):
+def _closest_to_median(updates, selected: jax.Array, theta, beta, lower_median: bool = False):
   """Per coordinate, the mean of the ``beta`` selected values closest to the selected values' median.
 
-  Values tied in distance at the cut (e.g. ``med - a`` and ``med + a``) share
-  the remaining slots evenly, so the result is permutation invariant and equals
-  the client-weight-weighted mean. Returns ``(aggregate, client weights [C])``.
+  The median of an even count is the mean of the two middle values, or the
+  lower one with ``lower_median`` (``torch.median``). Values tied in distance at
+  the cut (e.g. ``med - a`` and ``med + a``) share the remaining slots evenly, so
+  the result is permutation invariant and equals the client-weight-weighted
+  mean. Returns ``(aggregate, client weights [C])``.
   """
   betaf = beta.astype(jnp.float32)
 
   def block(x, col_ok):
     x = x.astype(jnp.float32)
     lo = kth_smallest(x, selected, (theta - 1) // 2)
-    med = 0.5 * (lo + next_value(x, selected, lo, theta // 2))
+    med = lo if lower_median else 0.5 * (lo + next_value(x, selected, lo, theta // 2))
     sb = selected[:, None]
     dist = jnp.where(sb, jnp.abs(x - med[None]), jnp.inf)
     cut = kth_smallest(dist, selected, beta - 1)[None]

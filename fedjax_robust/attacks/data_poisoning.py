@@ -175,19 +175,31 @@ def triggered_test_set(x: np.ndarray, y: np.ndarray, trigger: np.ndarray, target
   return add_pixel_trigger(np.asarray(x)[keep], trigger, value), np.asarray(y)[keep]
 
 
-def semantic_backdoor_set(x_test: np.ndarray, y_test: np.ndarray, num_classes: int, r: int = 1, seed: int = 0):
+def semantic_backdoor_set(x_test: np.ndarray, y_test: np.ndarray, num_classes: int, r: int = 1, seed: int = 0,
+                          return_indices: bool = False):
   """FedCC's targeted D_mal (spec 2.4): ``r`` test images of a random source class, labelled a random other class.
 
   A random test image fixes ``y_src``; ``y_tgt`` is uniform over the other
   classes; the ``r`` images are drawn with replacement among the test images of
-  class ``y_src``. Returns ``(x_mal, y_mal, y_src, y_tgt)`` with ``y_mal == y_tgt``.
+  class ``y_src`` (the code's ``utils.get_mal_dataset``; paper: r = 1, code:
+  ``num_mal`` = 5). Fix it once per run (one ``seed``). The same images, with
+  target ``y_tgt``, measure the backdoor confidence / accuracy (spec 2.7).
+  Returns ``(x_mal, y_mal, y_src, y_tgt)`` with ``y_mal == y_tgt``, and the
+  test-set indices as a fifth element with ``return_indices``.
+
+  [Q] FedCC code quirk (not reproduced by default): the malicious client's loader
+  is ``DatasetSplit(train_dataset, mal_X, mal_Y)``, i.e. it trains on the TRAIN
+  images at these TEST indices (images of arbitrary classes) labelled ``y_tgt``,
+  while the confidence is measured on the test images. A compat run takes
+  ``x_train[indices]`` as the training images.
   """
   rng = np.random.default_rng(seed)
   y_test = np.asarray(y_test)
   y_src = int(y_test[rng.integers(len(y_test))])
   y_tgt = int(rng.choice([c for c in range(num_classes) if c != y_src]))
   idx = rng.choice(np.flatnonzero(y_test == y_src), r, replace=True)
-  return np.asarray(x_test)[idx], np.full(r, y_tgt, np.int32), y_src, y_tgt
+  out = (np.asarray(x_test)[idx], np.full(r, y_tgt, np.int32), y_src, y_tgt)
+  return out + (idx,) if return_indices else out
 
 
 # --------------------------------------------------------------------------------- whole data set

@@ -113,12 +113,17 @@ def scaling(factor: Optional[float] = None, mode: str = "blind") -> ModelAttack:
 
 
 def boosting(factor: float = 5.0, alternate: bool = False) -> ModelAttack:
-  """Explicit boosting (FedCC targeted attack, Bhagoji et al.): ``w_G + a (w_local - w_G)`` i.e. ``u <- a u``.
+  """Explicit boosting (FedCC targeted attack, spec 2.4; Bhagoji et al.): ``w_sent = w_G + a (w_local - w_G)``.
 
-  ``a = 5`` (FedCC code). ``alternate=True`` reproduces the FedCC code's
-  Krum-only schedule: boost only when ``context['round']`` (0-based index of
-  the round being played, i.e. ``SimState.round``; the code's ``(t-1) mod 2 == 0``)
-  is even, and send the unboosted update otherwise.
+  On the uploads ``u = w_local - w_G`` this is exactly ``u_sent = a u`` (``w_G``
+  cancels). ``a`` = alpha_m = 5 (FedCC code; the paper gives no value).
+  ``alternate=True`` reproduces the FedCC code's schedule when the aggregator is
+  Krum (spec 2.4 [Q]; set it only for Krum runs): boost only when
+  ``context['round']`` (0-based index of the round being played, i.e.
+  ``SimState.round``; the code's ``epoch % 2 == 0``, i.e. ``(t-1) mod 2 == 0``
+  for 1-based ``t``) is even, and send the unboosted update otherwise.
+  Only the upload is changed: the malicious client's local training on the
+  backdoor set (spec 2.4) is the engine's part.
   """
 
   def apply(updates, malicious, key, context=None):

@@ -30,15 +30,40 @@ ATTACKS: dict[str, Callable[..., ModelAttack]] = {
 OWN_UPDATE_ATTACKS = frozenset({"none", "gaussian", "sign_flip", "model_replacement", "scaling", "boosting"})
 
 
+# The FedCC spec's names for the Fang options (fedcc.md §2.2-2.3, §6.8-6.9), accepted as aliases by make_attack.
+_FANG_MED_ALIASES = {"fang_dir": "direction", "fang_med_compat": "compat"}
+PARAM_ALIASES: dict[str, dict[str, str]] = {
+    "fang_krum": {"fang_dir": "direction"},
+    "fang_median": _FANG_MED_ALIASES,
+    "fang_trimmed_mean": _FANG_MED_ALIASES,
+}
+
+
+def _resolve_aliases(name: str, params: dict) -> dict:
+  aliases = PARAM_ALIASES.get(name, {})
+  out = dict(params)
+  for alias, target in aliases.items():
+    if alias in out:
+      if target in out:
+        raise ValueError(f"attack {name!r}: give {target!r} or its alias {alias!r}, not both")
+      out[target] = out.pop(alias)
+  return out
+
+
 def attack_params(name: str) -> tuple[str, ...]:
   """The keyword parameters attack ``name`` accepts."""
   return tuple(inspect.signature(ATTACKS[name]).parameters)
 
 
 def make_attack(name: str, **params: Any) -> ModelAttack:
-  """Builds the attack ``name`` with ``params``; ValueError names the known attacks / parameters."""
+  """Builds the attack ``name`` with ``params``; ValueError names the known attacks / parameters.
+
+  The Fang attacks also take the FedCC spec's option names: ``fang_dir`` (= ``direction``) and
+  ``fang_med_compat`` (= ``compat`` of ``fang_median`` / ``fang_trimmed_mean``).
+  """
   if name not in ATTACKS:
     raise ValueError(f"unknown attack {name!r}; known attacks: {sorted(ATTACKS)}")
+  params = _resolve_aliases(name, params)
   accepted = attack_params(name)
   unknown = sorted(set(params) - set(accepted))
   if unknown:
