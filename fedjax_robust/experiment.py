@@ -27,6 +27,7 @@ from flax import traverse_util
 
 from fedjax_robust import attacks
 from fedjax_robust.aggregators import aggregator_from_config
+from fedjax_robust.attacks.client_attacks import client_attack_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.registry import ALGORITHMS as ALGORITHM_REGISTRY
@@ -101,6 +102,11 @@ def default_config() -> ml_collections.ConfigDict:
       "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above
       "fields": "delta",  # upload fields the model attack poisons, comma-separated (e.g. "delta,loss")
       "data": ml_collections.ConfigDict(attacks.default_poison_config()),  # data poisoning: kind none | label_flip | backdoor | dba
+      # Client-side attack: the attackers' own local procedure (attacks/client_attacks.py). backdoor_training =
+      # FedCC's targeted attack (spec §2.4): `epochs` x [an epoch on their data, a pass over D_mal with
+      # Adam(lr, weight_decay)]; D_mal = `samples` test images of one class labelled another (attack.seed).
+      "client": ml_collections.ConfigDict({"name": "none", "epochs": 6, "lr": 5e-3, "weight_decay": 5e-3,
+                                           "samples": 1, "batch_size": 100}),
   })
   c.aggregator = ml_collections.ConfigDict({
       # Server aggregation rule: mean | median | trimmed_mean | krum | multi_krum | bulyan | rfa | norm_clipping |
@@ -186,14 +192,14 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
 
 
 def make_algorithm(config, model, spec: LocalTrainSpec, aggregator=None, num_clients=None, cohort=None, attack=None,
-                   malicious=None, hparams=None) -> FedAlgorithm:
+                   malicious=None, hparams=None, client_attack=None) -> FedAlgorithm:
   """The algorithm ``config.algorithm.name`` names, from the registry (``algorithms/registry.py``).
   ``aggregator=None`` is the algorithm's default rule (the sample-weighted ``mean``). ``hparams``: dotted config
   keys whose values (tracers, in a grid program: ``fedjax_robust.run``) replace the config's."""
   hparams = dict(hparams or {})
   ctx = BuildContext(config, as_model(model), optimizer_from_config(config.client, hparams.get("client.lr")),
                      optimizer_from_config(config.server, hparams.get("server.lr")), spec, aggregator,
-                     int(num_clients), int(cohort or num_clients), attack, malicious, hparams)
+                     int(num_clients), int(cohort or num_clients), attack, malicious, hparams, client_attack)
   return build_algorithm(config.algorithm.name, ctx)
 
 
@@ -283,8 +289,10 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   """Loads data, builds the model, the algorithm and the simulator described by ``config``."""
   data = data if data is not None else build_federated_data(config.data)
   attack_cfg = config.get("attack")
-  malicious, attack, backdoor = None, None, None
-  if attack_cfg is not None and (attack_cfg.name != "none" or attack_cfg.data.kind != "none"):
+  malicious, attack, backdoor, attack_data = None, None, None, None
+  client_attack = client_attack_from_config(attack_cfg.get("client")) if attack_cfg is not None else None
+  if attack_cfg is not None and (attack_cfg.name != "none" or attack_cfg.data.kind != "none"
+                                 or client_attack is not None):
     malicious = malicious_from_config(attack_cfg, data.num_clients)
     if not malicious.any():
       raise ValueError(f"attack {attack_cfg.name!r} / data poisoning {attack_cfg.data.kind!r} is set but no client "
@@ -303,6 +311,13 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
       x_bd, y_bd = attacks.triggered_test_set(data.x_global_test, data.y_global_test, trigger,
                                               attack_cfg.data.target_label, value)
       backdoor = (x_bd, int(attack_cfg.data.target_label))
+    if client_attack is not None:  # FedCC's D_mal: r test images of one class, labelled another (spec §2.4)
+      r = int(attack_cfg.client.samples)
+      x_mal, y_mal, _, y_tgt = attacks.semantic_backdoor_set(data.x_global_test, data.y_global_test,
+                                                             data.num_classes, r, int(attack_cfg.seed))
+      attack_data = ClientData(x_mal, y_mal, np.int32(r))
+      if backdoor is None:  # the backdoor metrics are measured on D_mal itself (spec §2.7)
+        backdoor = (x_mal, int(y_tgt))
   else:
     clean = data
   module = get_model_from_config(config.model, data.num_classes)
@@ -334,7 +349,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                      "aggregator.name='mean' with no parameters")
   def algorithm_with(hparams=None) -> FedAlgorithm:
     return make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
-                          attack=attack, malicious=malicious, hparams=hparams)
+                          attack=attack, malicious=malicious, hparams=hparams, client_attack=client_attack)
 
   algorithm = algorithm_with()
   transform = None
@@ -345,7 +360,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,
-                        evaluators=config.get("eval", {}).get("metrics", "auto"))
+                        evaluators=config.get("eval", {}).get("metrics", "auto"), attack_data=attack_data)
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
                     algorithm_with)
 

@@ -60,6 +60,8 @@ class RunInputs(NamedTuple):
   malicious: jax.Array  # [K] bool (all False without an attack)
   server_data: Optional[ClientData] = None  # FLTrust's root set, FLARE's auxiliary set, FedVSA's validation set
   backdoor_x: Optional[jax.Array] = None  # the triggered global test inputs (backdoor / DBA runs)
+  backdoor_target: Optional[jax.Array] = None  # int32 scalar: the backdoor's target label
+  attack_data: Optional[ClientData] = None  # a client-side attack's own data (FedCC's D_mal)
 
 
 class _Prepared(NamedTuple):
@@ -121,6 +123,8 @@ class Simulator:
     backdoor: optional ``(triggered_inputs, target_label)``: evaluation then
       reports the global model's attack success rate (share classified as the
       target) and backdoor confidence (mean softmax probability of the target).
+    attack_data: optional :class:`ClientData` of a client-side attack (FedCC's mislabelled D_mal), handed to the
+      algorithm's ``malicious_update``, which the cohort's attackers run instead of ``client_update``.
     eval_batch_size: rows scored per batch during evaluation.
     server_data: optional :class:`ClientData` held by the server (FLTrust's root set, FLARE's auxiliary set,
       FedVSA's validation set): an argument of every round (``RoundContext.server_data``), not a constant.
@@ -134,7 +138,7 @@ class Simulator:
                upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
                malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None,
                server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None,
-               evaluators=None):
+               evaluators=None, attack_data: Optional[ClientData] = None):
     self.algorithm = algorithm
     self.model: Model = as_model(apply_fn)
     self.apply_fn = self.model.logits  # (params or variables, x) -> eval-mode logits
@@ -157,6 +161,16 @@ class Simulator:
     self.server_data = None if server_data is None else ClientData(
         jnp.asarray(server_data.x), jnp.asarray(server_data.y, jnp.int32), jnp.asarray(server_data.n, jnp.int32))
     self.backdoor_target = None if self.backdoor is None else self.backdoor[1]
+    self.attack_data = None if attack_data is None else ClientData(
+        jnp.asarray(attack_data.x), jnp.asarray(attack_data.y, jnp.int32), jnp.asarray(attack_data.n, jnp.int32))
+    # Slots of the malicious kernel: attackers in a cohort, at most (static, so the same for every seed).
+    self.attack_slots = 0
+    if algorithm.malicious_update is not None:
+      if self.malicious is None or self.attack_data is None:
+        raise ValueError("the algorithm has a client-side attack: give the simulator malicious and attack_data")
+      if algorithm.uses_client_ids:
+        raise ValueError("client-side attacks run on algorithms with one broadcast payload (the FedAvg family)")
+      self.attack_slots = min(int(self.malicious.sum()), self.cohort_size)
     place = getattr(self.strategy, "place_clients", None)
     if place is not None:  # shard the per-client data over the mesh under shard_map (identity otherwise)
       self.train, self.test = place(self.train), place(self.test)
@@ -177,7 +191,8 @@ class Simulator:
   def inputs(self) -> RunInputs:
     """This simulator's data as the :class:`RunInputs` argument of its compiled functions."""
     return RunInputs(self.train, self.test, self.global_test, self._malicious_dev, self.server_data,
-                     None if self.backdoor is None else self.backdoor[0])
+                     None if self.backdoor is None else self.backdoor[0],
+                     None if self.backdoor is None else jnp.asarray(self.backdoor[1], jnp.int32), self.attack_data)
 
   # ----------------------------------------------------------------------------------- state
   def init(self, params: PyTree, seed: int | jax.Array = 0, model_state: Optional[dict] = None) -> SimState:
@@ -273,7 +288,7 @@ class Simulator:
 
       def round_fn(state, inputs: RunInputs):
         prep = prepare(state, inputs.train, inputs.malicious)
-        return finish(state, prep, self._map_clients(prep), inputs)
+        return finish(state, prep, self._client_outputs(prep, inputs), inputs)
 
       self._round = round_fn
     self._eval_clients = self._build_client_eval()
@@ -283,7 +298,7 @@ class Simulator:
       logits = jax.lax.map(lambda xb: self.apply_fn(params, xb[None])[0], x, batch_size=self.eval_batch_size)
       return (attack_success_rate(jnp.argmax(logits, -1), target), backdoor_confidence(logits, target))
 
-    self._eval_backdoor = jax.jit(backdoor_metrics, static_argnums=2)
+    self._eval_backdoor = jax.jit(backdoor_metrics)
 
     # The global model on every client's test split: one model, K datasets (the many-model kernel with the
     # model broadcast; a plain vmap over data, no grouped conv).
@@ -300,7 +315,23 @@ class Simulator:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
     :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
     prep = self._prepare(state, inputs.train, inputs.malicious)
-    return self._finish(state, prep, self._map_clients(prep), inputs)
+    return self._finish(state, prep, self._client_outputs(prep, inputs), inputs)
+
+  def _client_outputs(self, prep: _Prepared, inputs: RunInputs) -> ClientOutput:
+    """Every cohort client's ``client_update``; with a client-side attack, the cohort's attackers' outputs come
+    from ``malicious_update`` instead, run in ``attack_slots`` fixed slots (unused slots change nothing)."""
+    out = self._map_clients(prep)
+    if not self.attack_slots:
+      return out
+    mal = inputs.malicious[prep.cohort]
+    pos = jnp.nonzero(mal, size=self.attack_slots, fill_value=0)[0]
+    used = jnp.arange(self.attack_slots) < jnp.sum(mal)
+    bad = self.strategy.map(self.algorithm.malicious_update, (None, 0, 0, None, 0), prep.payload,
+                            _gather(prep.client_states, pos), _gather(prep.data, pos), inputs.attack_data,
+                            prep.client_keys[pos])
+
+    target = jnp.where(used, pos, prep.cohort.shape[0])  # unused slots point past the cohort: dropped
+    return jax.tree.map(lambda honest, attacked: honest.at[target].set(attacked, mode="drop"), out, bad)
 
   def run_round(self, state: SimState) -> tuple[SimState, dict]:
     """One federated round; returns the new state and device-side scalar metrics."""

@@ -28,6 +28,7 @@ def test_configs_follow_the_spec_setting():
   assert dict(config("cifar10", "fang_median,fedcc_mmd").aggregator) == {"name": "fedcc", "similarity": "mmd"}
   t = config("cifar10", "targeted")
   assert (t.attack.name, t.attack.clients, t.attack.params.factor) == ("boosting", "0", 5.0)
+  assert (t.attack.client.name, t.attack.client.epochs, t.attack.client.lr) == ("backdoor_training", 6, 5e-3)
   with pytest.raises(ValueError, match="scenario"):
     config("cifar10", "lie")
   with pytest.raises(ValueError, match="unknown FedCC config part"):

@@ -33,6 +33,11 @@ are unchanged):
   the typed round context (:mod:`fedjax_robust.round_context`: round, cohort,
   malicious mask, weights, server-held data), from which it computes what its
   aggregation rule declares it needs.
+* ``malicious_update(payload, client_state, data, attack_data, key) ->
+  ClientOutput``: what a malicious client runs instead of ``client_update`` (a
+  client-side attack such as FedCC's backdoor training); the engine runs it for
+  the cohort's attackers only, in a fixed number of slots, with the attack's data
+  (``RunInputs.attack_data``), and keeps ``client_update``'s output for everyone else.
 * ``uses_malicious=True`` (with ``uses_client_ids``): ``broadcast(server_state,
   client_ids, malicious)`` also gets the run's ``[K]`` attacker mask, for
   algorithms whose clients act out the attack inside the client kernel (FedCAP's
@@ -93,3 +98,4 @@ class FedAlgorithm(NamedTuple):
   sampling_mask: Optional[Callable[[PyTree], jax.Array]] = None
   uses_context: bool = False
   uses_malicious: bool = False
+  malicious_update: Optional[Callable] = None

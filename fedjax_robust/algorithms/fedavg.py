@@ -132,6 +132,7 @@ def make_fedavg(
     aggregator: Aggregator | None = None,
     root_data: ClientData | None = None,
     keep_norm_local: bool = False,
+    client_attack: Any = None,
 ) -> FedAlgorithm:
   """FedAvg, FedProx (``mu > 0``), FedAvg-FT (``ft_mode`` set) or FedBN (``keep_norm_local``).
 
@@ -146,6 +147,9 @@ def make_fedavg(
   server's training on the round's server data (``context.server_data``; ``root_data``
   is used when the round brings none) from the global model with the clients' optimizer
   and local schedule.
+
+  ``client_attack`` (:mod:`fedjax_robust.attacks.client_attacks`): the malicious clients' local procedure,
+  run by the engine for the cohort's attackers (``malicious_update``) instead of their honest training.
 
   ``persist_client_opt_state`` keeps each client's optimizer state (e.g.
   momentum) across the rounds it participates in, as PyTorch FL code that builds
@@ -191,13 +195,17 @@ def make_fedavg(
       model_state = client_state["norm"]["state"]
     return params, model_state
 
-  def client_update(payload, client_state, data: ClientData, key):
+  def client_update(payload, client_state, data: ClientData, key, attack_data: Optional[ClientData] = None):
     global_params, _ = split_variables(payload)
     params, model_state = start_model(payload, client_state)
     opt_state = client_state["opt_state"] if persist_client_opt_state else client_opt.init(params)
     loss_fn = classification_loss(model, global_params, mu)
-    params, opt_state, metrics, model_state = local_train(loss_fn, client_opt, params, opt_state, data, key, spec,
-                                                          model_state)
+    if attack_data is None:
+      params, opt_state, metrics, model_state = local_train(loss_fn, client_opt, params, opt_state, data, key, spec,
+                                                            model_state)
+    else:  # a malicious client's own procedure (malicious_update)
+      params, opt_state, metrics, model_state = client_attack.train(loss_fn, client_opt, params, data, attack_data,
+                                                                    key, spec, model_state)
     new_state = {"opt_state": opt_state} if persist_client_opt_state else {}
     if keep_norm_local:
       new_state["norm"] = {"params": take_paths(params, local_paths(params, model_state)), "state": model_state}
@@ -249,8 +257,12 @@ def make_fedavg(
                           finetune_spec, model_state)
     return merge_variables(trained.params, trained.model_state) if model_state else trained.params
 
+  malicious_update = None
+  if client_attack is not None:
+    malicious_update = lambda payload, client_state, data, attack_data, key: client_update(
+        payload, client_state, data, key, attack_data)
   return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update, global_params,
-                      personal_params, uses_context=True)
+                      personal_params, uses_context=True, malicious_update=malicious_update)
 
 
 def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec) -> FedAlgorithm:

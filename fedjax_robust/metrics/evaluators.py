@@ -61,7 +61,7 @@ def _backdoor(sim, state, global_model, inputs) -> dict:
   del state
   if global_model is None:
     return {}
-  return {"backdoor": sim._eval_backdoor(global_model, inputs.backdoor_x, sim.backdoor_target)}
+  return {"backdoor": sim._eval_backdoor(global_model, inputs.backdoor_x, inputs.backdoor_target)}
 
 
 register_evaluator("accuracy", _accuracy)

@@ -1,0 +1,76 @@
+"""Client-side attacks: what a malicious client does INSTEAD of its honest local training.
+
+Upload attacks (:mod:`fedjax_robust.attacks.base`) rewrite what attackers send; some attacks are a
+different local procedure. FedCC's targeted backdoor (spec §2.4, Bhagoji et al.'s explicit boosting)
+trains the attacker on its own data AND on a small mislabelled set D_mal, with a second optimizer,
+before its update is boosted (the ``boosting`` upload attack). A :class:`ClientAttack` is that
+procedure as one pure function; the engine runs it for the cohort's malicious members only
+(``FedAlgorithm.malicious_update``, a fixed number of slots), with D_mal as an argument of the round
+(``RunInputs.attack_data``), so seeds with different D_mal share one program.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_robust.client import ClientData, LocalResult, LocalTrainSpec, local_train
+from fedjax_robust.optim import make_optimizer
+
+# train(loss_fn, client_opt, params, data, attack_data, key, spec, model_state) -> LocalResult
+ClientTrain = Callable[..., LocalResult]
+
+
+class ClientAttack(NamedTuple):
+  name: str
+  train: ClientTrain
+
+
+def backdoor_training(epochs: int = 6, lr: float = 5e-3, weight_decay: float = 5e-3,
+                      batch_size: int = 100) -> ClientAttack:
+  """FedCC's malicious local procedure (spec §2.4): ``epochs`` times, one epoch over the client's own data with
+  the clients' optimizer (Adam 1e-3, weight decay 1e-3 in FedCC), then one pass over D_mal (``batch_size`` rows
+  per step: one step for FedCC's r = 1..5 images) with a second optimizer, Adam(``lr``) with coupled weight decay
+  ``weight_decay``. Both act on the same parameters, keep separate moments, and are fresh every round.
+  Boosting the result (x5) is the ``boosting`` upload attack."""
+  if epochs < 1:
+    raise ValueError(f"backdoor_training: epochs must be >= 1, got {epochs}")
+  attack_opt = make_optimizer("adam", lr, weight_decay=weight_decay)
+
+  def train(loss_fn, client_opt, params, data: ClientData, attack_data: ClientData, key, spec: LocalTrainSpec,
+            model_state: Any = None) -> LocalResult:
+    own_epoch = spec._replace(epochs=1)
+    attack_spec = LocalTrainSpec(1, int(batch_size), False, True, spec.unroll)
+
+    def one(carry, e):
+      p, s_own, s_attack, ms = carry
+      k = jax.random.fold_in(key, e)
+      own = local_train(loss_fn, client_opt, p, s_own, data, jax.random.fold_in(k, 0), own_epoch, ms)
+      bad = local_train(loss_fn, attack_opt, own.params, s_attack, attack_data, jax.random.fold_in(k, 1),
+                        attack_spec, own.model_state)
+      return (bad.params, own.opt_state, bad.opt_state, bad.model_state), (own.metrics["loss"], own.metrics["steps"])
+
+    init = (params, client_opt.init(params), attack_opt.init(params), {} if model_state is None else model_state)
+    (params, opt_state, _, model_state), (losses, steps) = jax.lax.scan(one, init, jnp.arange(int(epochs)))
+    total = jnp.sum(steps)
+    loss = jnp.sum(losses * steps) / jnp.maximum(total, 1)
+    return LocalResult(params, opt_state, {"loss": loss, "steps": total.astype(jnp.int32)}, model_state)
+
+  return ClientAttack("backdoor_training", train)
+
+
+CLIENT_ATTACKS = {"none": None, "backdoor_training": backdoor_training}
+
+
+def client_attack_from_config(cfg) -> ClientAttack | None:
+  """``attack.client`` -> a :class:`ClientAttack` (``None`` for ``none``)."""
+  if cfg is None or cfg.get("name", "none") == "none":
+    return None
+  name = cfg["name"]
+  if name not in CLIENT_ATTACKS:
+    raise ValueError(f"unknown client attack {name!r}; known: {sorted(CLIENT_ATTACKS)}")
+  return CLIENT_ATTACKS[name](epochs=int(cfg.get("epochs", 6)), lr=float(cfg.get("lr", 5e-3)),
+                              weight_decay=float(cfg.get("weight_decay", 5e-3)),
+                              batch_size=int(cfg.get("batch_size", 100)))
