@@ -10,8 +10,14 @@ parameters (default 100 x 1,000,000; a pytree of four leaves, like a small CNN),
 (outputs blocked on). Compare with the local-training part of a round from
 ``rounds_per_second.py`` on the same machine.
 
+FedCC also reads every client's penultimate Dense kernel from the round context: ``--penultimate IN x OUT``
+(default 1600x512, FedCAP's CIFAR CNN fc1: 512 output neurons = the rows kernel CKA compares, so each client costs
+one 512 x 512 Gram matrix over 1600 features, a median of its 130,816 pairwise distances and the centring); the
+``similarity <name>`` rows time the batched similarity kernels alone (``metrics/similarity.py``) on those kernels.
+
     python benchmarks/aggregation_cost.py                       # 100 x 1M, every rule and attack
     python benchmarks/aggregation_cost.py --clients 20 --params 156810 --out agg.json
+    python benchmarks/aggregation_cost.py --rules fedcc --attacks "" --similarities kernel_cka,linear_cka
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from fedjax_robust.aggregators import registry as agg_registry  # noqa: E402
 from fedjax_robust.attacks import registry as attack_registry  # noqa: E402
+from fedjax_robust.metrics import similarity as similarity_kernels  # noqa: E402
 
 # Rule parameters for a cohort of C clients with f = 30% expected attackers.
 def rule_params(name: str, c: int) -> dict:
@@ -81,6 +88,9 @@ def main(argv=None) -> None:
   p.add_argument("--params", type=int, default=1_000_000)
   p.add_argument("--rules", default=",".join(sorted(agg_registry.AGGREGATORS)))
   p.add_argument("--attacks", default=",".join(sorted(attack_registry.ATTACKS)))
+  p.add_argument("--similarities", default=",".join(similarity_kernels.SIMILARITIES),
+                 help="FedCC similarity kernels timed alone on the penultimate kernels ('' = none)")
+  p.add_argument("--penultimate", default="1600x512", help="IN x OUT of the penultimate Dense kernel (FedCC)")
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--min-time", type=float, default=1.0)
   p.add_argument("--seed", type=int, default=0)
@@ -96,18 +106,25 @@ def main(argv=None) -> None:
   reference = jax.tree.map(lambda x: x[0] * 0.5, updates)
   # FLARE scores clients by their penultimate features on a server set: 64 samples x 64 features each.
   features = jax.random.normal(key, (c, 64, 64))
-  print(f"backend={jax.default_backend()} devices={jax.devices()} C={c} D={d}", flush=True)
+  # FedCC compares penultimate Dense kernels [in, out]: benign-like clients = global + a small update.
+  d_in, d_out = (int(v) for v in args.penultimate.lower().split("x"))
+  k1, k2 = jax.random.split(jax.random.fold_in(key, 1))
+  global_kernel = jax.random.normal(k1, (d_in, d_out)) * (1.0 / d_in) ** 0.5
+  client_kernels = global_kernel[None] + 0.01 * jax.random.normal(k2, (c, d_in, d_out)) * (1.0 / d_in) ** 0.5
+  print(f"backend={jax.default_backend()} devices={jax.devices()} C={c} D={d} penultimate={d_in}x{d_out}",
+        flush=True)
 
   rows = []
   for name in [r for r in args.rules.split(",") if r]:
-    def run_rule(u, w, m, k, ref, feats, name=name):
+    def run_rule(u, w, m, k, ref, feats, pen, gpen, name=name):
       agg = agg_registry.make_aggregator(name, num_clients=c, **rule_params(name, c))
-      res = agg(u, w, m, k, {"reference_update": ref, "global_params": ref, "features": feats})
+      res = agg(u, w, m, k, {"reference_update": ref, "global_params": ref, "features": feats,
+                             "penultimate_weights": pen, "global_penultimate_weights": gpen})
       return res.update, res.weights
 
     try:
-      compile_s, step_s, n = time_fn(run_rule, (updates, weights, mask, key, reference, features),
-                                     args.repeats, args.min_time)
+      compile_s, step_s, n = time_fn(run_rule, (updates, weights, mask, key, reference, features, client_kernels,
+                                                global_kernel), args.repeats, args.min_time)
     except Exception as e:  # noqa: BLE001 - report and go on with the next rule
       print(f"rule {name}: FAILED {type(e).__name__}: {e}", flush=True)
       rows.append({"kind": "rule", "name": name, "error": str(e)})
@@ -115,6 +132,22 @@ def main(argv=None) -> None:
     rows.append({"kind": "rule", "name": name, "params": rule_params(name, c), "compile_s": compile_s,
                  "ms_per_call": step_s * 1e3, "calls": n})
     print(f"rule   {name:18s} compile {compile_s:6.2f} s   {step_s * 1e3:9.2f} ms/call", flush=True)
+
+  for name in [x for x in args.similarities.split(",") if x]:
+    measure = similarity_kernels.get_similarity(name)
+
+    def run_similarity(gk, ck, measure=measure):
+      return measure.batched(similarity_kernels.as_rows(gk), jax.vmap(similarity_kernels.as_rows)(ck))
+
+    try:
+      compile_s, step_s, n = time_fn(run_similarity, (global_kernel, client_kernels), args.repeats, args.min_time)
+    except Exception as e:  # noqa: BLE001
+      print(f"similarity {name}: FAILED {type(e).__name__}: {e}", flush=True)
+      rows.append({"kind": "similarity", "name": name, "error": str(e)})
+      continue
+    rows.append({"kind": "similarity", "name": name, "shape": [c, d_out, d_in], "compile_s": compile_s,
+                 "ms_per_call": step_s * 1e3, "calls": n})
+    print(f"similarity {name:14s} compile {compile_s:6.2f} s   {step_s * 1e3:9.2f} ms/call", flush=True)
 
   for name in [a for a in args.attacks.split(",") if a]:
     attack = attack_registry.make_attack(name)
@@ -134,6 +167,7 @@ def main(argv=None) -> None:
 
   result = {"backend": jax.default_backend(), "devices": [str(x) for x in jax.devices()],
             "machine": platform.platform(), "cpu_count": os.cpu_count(), "clients": c, "params": d,
+            "penultimate": [d_in, d_out], "command": " ".join(sys.argv),
             "jax": jax.__version__, "rows": rows}
   print("\n| kind | name | compile s | ms / call |\n|---|---|---|---|")
   for r in rows:

@@ -455,6 +455,7 @@ RULES = {  # name -> params, for C = 9 clients
     "fltrust": {},
     "clustered": {},
     "flare": {},
+    "fedcc": {"layer": "w"},  # the penultimate kernel is the leaf "w" (C, 2, 3): 3 rows of 2
     "bucketing": {"s": 2, "inner": {"name": "median"}},
     "gas": {"p": 2, "num_byzantine": 1, "inner": {"name": "median"}},
 }
@@ -471,11 +472,12 @@ def _tree(c, seed=0):
 
 def _context(c, seed=0):
   ref = jax.tree.map(lambda x: jnp.mean(x, 0), _tree(c, seed))
-  return {"reference_update": ref, "features": jax.random.normal(jax.random.PRNGKey(seed + 9), (c, 4))}
+  return {"reference_update": ref, "features": jax.random.normal(jax.random.PRNGKey(seed + 9), (c, 4)),
+          "global_params": ref}
 
 
 PERMUTATION_INVARIANT = {"mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "rfa", "geometric_median",
-                         "centered_clipping", "norm_clipping", "fltrust", "clustered", "flare"}
+                         "centered_clipping", "norm_clipping", "fltrust", "clustered", "flare", "fedcc"}
 
 
 def _leaves_close(a, b, atol=1e-4):
