@@ -110,7 +110,7 @@ def default_config() -> ml_collections.ConfigDict:
   })
   c.aggregator = ml_collections.ConfigDict({
       # Server aggregation rule: mean | median | trimmed_mean | krum | multi_krum | bulyan | rfa | norm_clipping |
-      # centered_clipping | fltrust | clustered | flare | bucketing | gas, plus the rule's own parameters.
+      # centered_clipping | fltrust | clustered | flare | fedcc | bucketing | gas, plus the rule's own parameters.
       "name": "mean",
   })
   c.engine = ml_collections.ConfigDict({

@@ -130,7 +130,11 @@ def load_config(name, *args):
 
 REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_mnist",
                      "cifar10_fedcap_setting": "cifar10_jpeg", "fedcap_cifar10": "cifar10_jpeg",
-                     "fedcap_femnist": "femnist_leaf_partial"}
+                     "fedcap_femnist": "femnist_leaf_partial", "fedcc_fmnist": "fashion_mnist",
+                     "fedcc_cifar10": "cifar10_jpeg"}
+# Loaded (not built: decoding CIFAR-100's PNGs takes minutes) in tests/test_fedcc_setup.py; and the shared
+# setting the FedCC files call.
+LOAD_ONLY_CONFIGS = {"fedcc_cifar100", "fedcc_setting"}
 
 
 # Configs whose data is not available offline here: they must load and fail fast with a clear error.
@@ -140,7 +144,7 @@ ABSENT_DATA_CONFIGS = {"fedcap_emnist": "emnist-byclass-train-images-idx3-ubyte.
 
 def test_every_config_file_is_listed_here():
   names = {p.stem for p in (REPO / "experiments" / "configs").glob("*.py")}
-  assert names == {"quickstart"} | set(REAL_DATA_CONFIGS) | set(ABSENT_DATA_CONFIGS)
+  assert names == {"quickstart"} | set(REAL_DATA_CONFIGS) | set(ABSENT_DATA_CONFIGS) | LOAD_ONLY_CONFIGS
 
 
 def test_fedcap_emnist_config_matches_the_spec_and_fails_fast_without_data(tmp_path):
@@ -207,6 +211,9 @@ def test_real_data_configs_build_on_the_shared_copies(name, shared_data, data_ca
     assert exp.data.n_train.tolist() == [225] * 20 and exp.data.n_test.tolist() == [75] * 20
     assert exp.data.label_histograms("train")[0].nonzero()[0].tolist() == [0, 1]
     assert exp.strategy in ("sequential", "shard_map")  # the CPU default for a conv net
+  if name.startswith("fedcc_"):  # FedCC spec §4: 10 clients, 80% of each client's rows train, Dirichlet 0.2
+    assert exp.algorithm.name == "fedavg" and exp.model.penultimate == "fc1"
+    assert abs(exp.data.n_train.sum() / (exp.data.n_train.sum() + exp.data.n_test.sum()) - 0.8) < 0.01
   if name == "fedcap_cifar10":
     assert exp.algorithm.name == "fedcap" and exp.algorithm.eval_models == ("customized", "personalized")
     assert exp.malicious is None  # the default scenario is benign
