@@ -265,7 +265,7 @@ def test_get_model_errors():
   with pytest.raises(ValueError, match="accepted: .*fc_dim"):
     get_model("fedavg_cnn", 10, hidden=(3,))
   assert set(models.MODELS) == {"mlp", "fedavg_cnn", "emnist_cnn", "har_cnn",
-                                "lenet5", "cifar_cnn", "bn_cnn"}
+                                "lenet5", "cifar_cnn", "bn_cnn", "fedcc_fmnist_cnn", "fedcc_cifar_cnn"}
   assert set(models.DEFAULT_INPUT_SHAPES) == set(models.MODELS)
 
 
@@ -296,6 +296,7 @@ CONV_MODELS = [
     ("har_cnn", {}, (1, 200, 3), 6),
     ("lenet5", {}, (28, 28, 1), 10),   # conv1 padded (2)
     ("cifar_cnn", {}, (32, 32, 3), 10),
+    ("fedcc_cifar_cnn", {}, (32, 32, 3), 10),
 ]
 # The comparisons run under jax.default_matmul_precision("highest"): both impls
 # then compute in full float32 (no TF32 / bf16 passes on GPUs or TPUs), so the
@@ -304,7 +305,7 @@ CONV_MODELS = [
 
 
 def test_conv_impl_registered_on_every_conv_model():
-  conv_names = {n for n, *_ in CONV_MODELS} | {"bn_cnn"}
+  conv_names = {n for n, *_ in CONV_MODELS} | {"bn_cnn", "fedcc_fmnist_cnn"}
   for name in models.MODELS:
     assert ("conv_impl" in models.model_kwargs(name)) == (name in conv_names)
     if name in conv_names:
@@ -415,3 +416,16 @@ def test_fedcc_cnns_penultimate_has_no_activation_and_dropout_is_train_only():
     np.testing.assert_allclose(model.apply({"params": params}, x, False), eval_logits)
     train_logits = model.apply({"params": params}, x, True, rngs={"dropout": jax.random.key(1)})
     assert not np.allclose(train_logits, eval_logits)
+
+
+@pytest.mark.parametrize("window,shape", [((2, 2), (3, 9, 7, 4)), ((1, 2), (2, 1, 11, 3))])
+def test_max_pool_implementations_agree(window, shape):
+  """The reshape max-pool (CPU default) equals flax's reduce-window pool in values, and in gradients after a ReLU
+  (the models' order), floor semantics included (odd sizes are cropped)."""
+  from fedjax_robust.models.classifiers import _pool
+  x = jnp.asarray(np.random.default_rng(0).normal(size=shape), jnp.float32)
+  a, b = _pool(x, window, "reshape"), _pool(x, window, "reduce_window")
+  np.testing.assert_array_equal(a, b)
+  w = jnp.asarray(np.random.default_rng(1).normal(size=a.shape), jnp.float32)
+  grad = lambda impl: jax.grad(lambda v: jnp.sum(_pool(jax.nn.relu(v), window, impl) * w))(x)
+  np.testing.assert_array_equal(grad("reshape"), grad("reduce_window"))

@@ -54,9 +54,36 @@ import jax.numpy as jnp
 from fedjax_robust.models.layers import TorchConv, TorchDense
 
 
-def _pool(x: jax.Array, window: tuple[int, int] = (2, 2)) -> jax.Array:
-  """MaxPool2d(window) (kernel = stride = window, floor); default MaxPool2d(2)."""
-  return nn.max_pool(x, window_shape=window, strides=window, padding="VALID")
+# How a max-pool is computed: "reduce_window" (flax's nn.max_pool), "reshape" (crop, reshape, max: the same values;
+# its gradient is an elementwise compare-select instead of reduce-window + scatter, 1.58x rounds/s for FedAvgCNN
+# under shard_map on the 2-core CPU, benchmarks/README.md §3) or "auto" (reshape on CPU, reduce_window elsewhere:
+# not yet measured on a GPU). Environment variable FEDJAX_ROBUST_POOL overrides it.
+POOL_IMPLS = ("auto", "reshape", "reduce_window")
+
+
+def pool_impl() -> str:
+  import os
+  impl = os.environ.get("FEDJAX_ROBUST_POOL", "auto")
+  if impl not in POOL_IMPLS:
+    raise ValueError(f"FEDJAX_ROBUST_POOL must be one of {POOL_IMPLS}, got {impl!r}")
+  if impl == "auto":
+    return "reshape" if jax.default_backend() == "cpu" else "reduce_window"
+  return impl
+
+
+def _pool(x: jax.Array, window: tuple[int, int] = (2, 2), impl: str | None = None) -> jax.Array:
+  """MaxPool2d(window) (kernel = stride = window, floor); default MaxPool2d(2). ``impl``: see ``POOL_IMPLS``.
+
+  Both implementations give the same values; their gradients differ only where a window holds several equal
+  maxima (reduce_window sends the gradient to one of them, the reshape's max splits it), which after a ReLU
+  happens at 0, where the ReLU's own gradient is 0 anyway."""
+  impl = impl or pool_impl()
+  if impl == "reduce_window":
+    return nn.max_pool(x, window_shape=window, strides=window, padding="VALID")
+  b, h, w, c = x.shape
+  wh, ww = window
+  x = x[:, : (h // wh) * wh, : (w // ww) * ww]
+  return x.reshape(b, h // wh, wh, w // ww, ww, c).max(axis=(2, 4))
 
 
 def _flatten(x: jax.Array) -> jax.Array:
