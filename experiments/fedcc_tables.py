@@ -1,4 +1,5 @@
-"""FedCC: Tables II (no attack), III (Fang-Krum, Fang-Med, Targeted) and I (similarity ablation), spec §4.7, §5.
+"""FedCC: Tables II (no attack), III (Fang-Krum, Fang-Med, Targeted), I (similarity ablation), IV (K = 100, partial
+participation) and V (doubled epochs), spec §4.7, §5.
 
 Every cell is ``experiments/configs/fedcc_<dataset>.py:<scenario>,<iid|noniid>,<rule>`` run at ``--seeds``
 (default 0,1,2: one vmapped program per cell) and valued by the final-round global model's top-1 accuracy on
@@ -7,6 +8,8 @@ metrics when the run has them. Cells are keyed ``<scenario>__<dist>__<dataset>__
 
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table3 --datasets fmnist   # 3 x 2 x 6 cells
   python experiments/fedcc_tables.py --mode table3 --from_json experiments/results/fedcc_cpu.json
+  python experiments/fedcc_tables.py --data_dir ../shared/data --mode table4 --datasets cifar10    # K = 100
+  python experiments/fedcc_tables.py --data_dir ../shared/data --mode table5                        # E 6 / 12
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table2 --datasets fmnist --rounds 5 \\
       --epochs 1 --set data.samples_per_class=200 --seeds 0,1,2                      # a reduced CPU run
 
@@ -73,17 +76,35 @@ PAPER_TABLE1 = {
     "fedcc_euclidean": (69.06, 27.82, 68.54, 41.57, 69.17, 52.20),
 }
 TABLE1_COLUMNS = [(a, d) for a in ("fang_median", "fang_krum", "targeted") for d in ("iid", "noniid")]
+# Table IV (non-IID, K = 100, f = 30% of the clients): (participation, dataset) -> (Fang-Krum: FedAvg, Med, FLARE,
+# FedCC, Fang-Med: FedAvg, Med, FLARE, FedCC).
+TABLE4_RULES = ("fedavg", "median", "flare", "fedcc")
+PAPER_TABLE4 = {
+    (0.1, "fmnist"): (55.31, 49.83, 34.02, 64.83, 16.57, 66.41, 52.24, 69.52),
+    (0.1, "cifar10"): (10.06, 22.55, 14.50, 20.49, 10.00, 15.33, 10.00, 29.81),
+    (0.3, "fmnist"): (64.22, 57.52, 10.00, 73.55, 16.26, 58.07, 10.00, 61.12),
+    (0.3, "cifar10"): (24.24, 12.59, 10.00, 27.81, 10.98, 22.61, 10.00, 38.27),
+    (0.5, "fmnist"): (62.37, 58.20, 10.00, 76.41, 18.36, 62.49, 10.00, 69.05),
+    (0.5, "cifar10"): (23.99, 17.28, 10.06, 34.32, 9.87, 27.83, 10.00, 37.27),
+}
+# Table V (targeted, non-IID, benign E = 6, attacker E_mal = 12): dataset -> (FedAvg, Coomed, FLARE, FedCC).
+PAPER_TABLE5 = {"fmnist": (69.40, 72.11, 72.32, 82.31), "cifar10": (53.85, 49.18, 21.61, 54.94)}
 
 
-def cell_key(scenario: str, dist: str, dataset: str, rule: str) -> str:
-  return f"{scenario}__{dist}__{dataset}__{rule}"
+def cell_key(scenario: str, dist: str, dataset: str, rule: str, variant: str = "") -> str:
+  """``<scenario>__<dist>__<dataset>__<rule>``, plus ``__<variant>`` (Table IV ``k100_p0.1``, Table V ``e6``)."""
+  return f"{scenario}__{dist}__{dataset}__{rule}" + (f"__{variant}" if variant else "")
 
 
-def cell_config(scenario: str, dist: str, dataset: str, rule: str, args):
+def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str, args):
   from fedjax_robust.config_files import load_module
   root = Path(__file__).resolve().parent
   config = load_module(root / "configs" / f"fedcc_{dataset}.py").get_config(f"{scenario},{dist},{rule}")
   rounds, epochs = config.rounds, config.client.epochs
+  if variant.startswith("k100_p"):  # Table IV: K = 100, participation C, f = 30% of the clients (spec §2.6)
+    config.data.num_clients, config.server.participation = 100, float(variant[len("k100_p"):])
+  elif variant == "e6":  # Table V: benign 6 epochs, the attacker 12 (spec §4.4)
+    epochs, config.attack.client.epochs = 6, 12
   config = grid.apply_run_args(config, args)
   config.rounds = args.rounds or rounds  # 0 = the scenario's own (spec §4.6)
   config.eval_every = config.rounds
@@ -151,15 +172,46 @@ def table1(results: dict) -> str:
   return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
 
 
-TABLES = {"table2": table2, "table3": table3, "table1": table1}
+def table4(results: dict) -> str:
+  head = [f"FK:{RULES[r]}" for r in TABLE4_RULES] + [f"FM:{RULES[r]}" for r in TABLE4_RULES]
+  lines = ["| Frac | Data | " + " | ".join(f"{h} ours / paper" for h in head) + " |",
+           "|---|---|" + "---|" * len(head)]
+  for (frac, dataset), paper in PAPER_TABLE4.items():
+    cells = [results.get(cell_key(a, "noniid", dataset, r, f"k100_p{frac:g}"))
+             for a in ("fang_krum", "fang_median") for r in TABLE4_RULES]
+    if any(cells):
+      lines.append(f"| {frac:g} | {DATASETS[dataset]} | " + " | ".join(
+          f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)) + " |")
+  return "\n".join(lines + ["", "FK = Fang-Krum, FM = Fang-Med. " + _reduced_note(results)]) + "\n"
 
 
-def cells_of(mode: str, datasets, dists, rules) -> list[tuple[str, str, str, str]]:
+def table5(results: dict) -> str:
+  lines = ["| Dataset | " + " | ".join(f"{RULES[r]} ours / paper" for r in TABLE4_RULES) + " |",
+           "|---|" + "---|" * len(TABLE4_RULES)]
+  for dataset, paper in PAPER_TABLE5.items():
+    cells = [results.get(cell_key("targeted", "noniid", dataset, r, "e6")) for r in TABLE4_RULES]
+    if any(cells):
+      lines.append(f"| {DATASETS[dataset]} | " + " | ".join(f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper))
+                   + " |")
+  return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
+
+
+TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5}
+
+
+def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS)) -> list[tuple[str, str, str, str, str]]:
+  """``(scenario, dist, dataset, rule, variant)`` of every cell of ``mode``."""
   if mode == "table2":
-    return [("none", d, ds, r) for ds in datasets for d in dists for r in rules]
+    return [("none", d, ds, r, "") for ds in datasets for d in dists for r in rules]
   if mode == "table3":
-    return [(a, d, ds, r) for a in ATTACKS for ds in datasets for d in dists for r in rules]
-  return [(a, d, "cifar10", r) for a, d in TABLE1_COLUMNS if d in dists for r in SIMILARITIES]
+    return [(a, d, ds, r, "") for a in attacks for ds in datasets for d in dists for r in rules]
+  if mode == "table4":
+    return [(a, "noniid", ds, r, f"k100_p{f:g}") for f in (0.1, 0.3, 0.5) for ds in datasets if ds != "cifar100"
+            for a in attacks if a != "targeted" for r in rules if r in TABLE4_RULES]
+  if mode == "table5":
+    return [("targeted", "noniid", ds, r, "e6") for ds in datasets if ds != "cifar100" for r in rules
+            if r in TABLE4_RULES]
+  return [(a, d, "cifar10", r, "") for a, d in TABLE1_COLUMNS if d in dists for r in SIMILARITIES]
 
 
 def table_from_json(path, mode: str) -> str:
@@ -172,6 +224,7 @@ def main():
   parser.add_argument("--datasets", default="fmnist,cifar10,cifar100")
   parser.add_argument("--dists", default="noniid,iid")
   parser.add_argument("--rules", default=",".join(RULES))
+  parser.add_argument("--attacks", default=",".join(ATTACKS), help="--mode table3: which attacks, in this order")
   parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
   grid.add_common_args(parser, "runs/fedcc")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2")
@@ -183,7 +236,7 @@ def main():
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)
   cells = [(cell_key(*c), cell_config(*c, args), record)
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),
-                             pick(args.rules, RULES))]
+                             pick(args.rules, RULES), pick(args.attacks, ATTACKS))]
   out, results_path, results = grid.open_results(args.out_dir, args.shard)
   if not args.table_only:
     grid.run_cells(cells, out, results_path, results, args.stop_after_s)

@@ -58,3 +58,16 @@ def test_tables_from_stored_cells(tmp_path):
   assert "Fang-Krum" not in table  # rows without any cell are left out
   assert len(t.cells_of("table3", ["fmnist"], ["noniid", "iid"], list(t.RULES))) == 3 * 2 * 6
   assert len(t.cells_of("table1", None, ["iid", "noniid"], None)) == 6 * 5
+  assert len(t.cells_of("table4", ["fmnist", "cifar10"], ["noniid"], list(t.RULES))) == 3 * 2 * 2 * 4
+  assert len(t.cells_of("table5", ["fmnist", "cifar10", "cifar100"], ["noniid"], list(t.RULES))) == 2 * 4
+
+
+def test_table4_and_table5_cells_configure_the_paper_variants():
+  from experiments import fedcc_tables as t
+  import argparse
+  args = argparse.Namespace(rounds=0, epochs=0, seed=0, seeds="", data_dir=None, checkpoint_every=0, resume=False,
+                            strategy="", set=[])
+  c = t.cell_config("fang_median", "noniid", "cifar10", "fedcc", "k100_p0.3", args)
+  assert (c.data.num_clients, c.server.participation, c.attack.fraction, c.rounds) == (100, 0.3, 0.3, 30)
+  c = t.cell_config("targeted", "noniid", "fmnist", "median", "e6", args)
+  assert (c.client.epochs, c.attack.client.epochs, c.rounds) == (6, 12, 40)
