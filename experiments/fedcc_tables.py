@@ -103,6 +103,7 @@ def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str,
   rounds, epochs = config.rounds, config.client.epochs
   if variant.startswith("k100_p"):  # Table IV: K = 100, participation C, f = 30% of the clients (spec §2.6)
     config.data.num_clients, config.server.participation = 100, float(variant[len("k100_p"):])
+    config.sampler.name = "stratified"  # exactly 30% of each round's participants are attackers
   elif variant == "e6":  # Table V: benign 6 epochs, the attacker 12 (spec §4.4)
     epochs, config.attack.client.epochs = 6, 12
   config = grid.apply_run_args(config, args)

@@ -90,7 +90,8 @@ def default_config() -> ml_collections.ConfigDict:
   # or a comma-separated list such as "accuracy,backdoor".
   c.eval = ml_collections.ConfigDict({"metrics": "auto"})
   # Cohort sampler: uniform | forced ("round:id+id,..." forced into those 1-indexed rounds, e.g. "10:3,25:3").
-  c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": ""})
+  # stratified: exactly `attackers` attackers per round (-1 = round(attack.fraction * cohort)), FedCC spec §2.6.
+  c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": "", "attackers": -1})
   c.attack = ml_collections.ConfigDict({
       # Model poisoning of the malicious clients' uploads: none | sign_flip | scaling | gaussian | lie | min_max |
       # min_sum | ipm | fang_krum | fang_median | fang_trimmed_mean | boosting (fedjax_robust/attacks/registry.py).
@@ -356,7 +357,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   if attack is not None:
     fields = tuple(f for f in str(attack_cfg.get("fields", "delta")).replace(" ", "").split(",") if f)
     transform = attacks.as_upload_transform(attack, malicious, fields=fields)
-  sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort)
+  sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort,
+                                attack_fraction=0.0 if malicious is None else float(malicious.mean()))
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,

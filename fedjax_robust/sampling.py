@@ -8,9 +8,13 @@ called inside the jitted round. ``eligible`` ([K] bool or None) comes from the a
 * :class:`ForcedSampler` — the same, but the clients listed for a round are always in it (FedVSA's
   model-replacement adversary forced in at rounds 10, 25, 50; spec §2): ``{round: ids}`` with 1-indexed
   rounds as the papers count them, the other slots drawn uniformly from the rest.
+* :class:`StratifiedSampler` — exactly ``m`` attackers and ``C - m`` benign clients every round, each part
+  uniform (FedCC's code: f = 30% of every round's participants, spec §2.6), from the run's attacker mask
+  (``malicious``, an argument of the round like the data).
 
-``sampler_from_config(cfg)`` builds one from ``config.sampler`` (``name``: ``uniform`` | ``forced``,
-``forced``: ``"10:3,25:3"`` = client 3 at rounds 10 and 25).
+``sampler_from_config(cfg)`` builds one from ``config.sampler`` (``name``: ``uniform`` | ``forced`` |
+``stratified``, ``forced``: ``"10:3,25:3"`` = client 3 at rounds 10 and 25, ``attackers``: attackers per
+round of ``stratified``, -1 = ``round(attack.fraction * C)``).
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ def sample_cohort(key: jax.Array, num_clients: int, cohort_size: int,
 class CohortSampler(Protocol):
   name: str
 
-  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None) -> jax.Array:
+  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None,
+             malicious=None) -> jax.Array:
     ...
 
 
@@ -57,9 +62,39 @@ class UniformSampler:
 
   name = "uniform"
 
-  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None) -> jax.Array:
-    del round_index
+  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None,
+             malicious=None) -> jax.Array:
+    del round_index, malicious
     return sample_cohort(key, num_clients, cohort_size, eligible)
+
+
+class StratifiedSampler:
+  """``attackers`` malicious and ``C - attackers`` benign clients every round, each drawn uniformly.
+
+  With fewer eligible clients of a kind than its slots, the rest of its slots go to the other kind (static
+  cohort size). Without a malicious mask it is uniform."""
+
+  name = "stratified"
+
+  def __init__(self, attackers: int, cohort_size: int):
+    if not 0 <= int(attackers) <= int(cohort_size):
+      raise ValueError(f"stratified sampler: attackers per round must be in [0, {cohort_size}], got {attackers}")
+    self.attackers = int(attackers)
+
+  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None,
+             malicious=None) -> jax.Array:
+    del round_index
+    if malicious is None or cohort_size == num_clients:
+      return sample_cohort(key, num_clients, cohort_size, eligible)
+    mal = jnp.asarray(malicious, bool)
+    noise = jax.random.gumbel(key, (num_clients,))
+    if eligible is not None:
+      noise = noise - 1e4 * (~jnp.asarray(eligible, bool))
+    # Rank every attacker first for the attacker slots, every benign client first for the others.
+    take_mal = jax.lax.top_k(noise + 1e5 * mal, self.attackers)[1] if self.attackers else jnp.zeros((0,), jnp.int32)
+    chosen = jnp.zeros((num_clients,), bool).at[take_mal].set(True)
+    rest = jax.lax.top_k(noise + 1e5 * (~mal) - 1e6 * chosen, cohort_size - self.attackers)[1]
+    return jnp.sort(jnp.concatenate([take_mal, rest]))
 
 
 class ForcedSampler:
@@ -84,7 +119,9 @@ class ForcedSampler:
       table[r, ids] = True
     self._table = table
 
-  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None) -> jax.Array:
+  def sample(self, key, round_index, num_clients: int, cohort_size: int, eligible=None,
+             malicious=None) -> jax.Array:
+    del malicious
     table = jnp.asarray(self._table)
     t = jnp.asarray(round_index, jnp.int32) + 1  # round_index = completed rounds; this is round t
     forced = jnp.where(t < table.shape[0], table[jnp.minimum(t, table.shape[0] - 1)], False)
@@ -93,7 +130,7 @@ class ForcedSampler:
     return sample_cohort(key, num_clients, cohort_size, eligible, forced)
 
 
-SAMPLERS = ("uniform", "forced")
+SAMPLERS = ("uniform", "forced", "stratified")
 
 
 def parse_schedule(text: str) -> dict[int, list[int]]:
@@ -110,8 +147,10 @@ def parse_schedule(text: str) -> dict[int, list[int]]:
   return schedule
 
 
-def sampler_from_config(cfg, num_clients: int, cohort_size: int):
-  """``cfg``: ``{name: uniform|forced, forced: "round:ids,..."}`` (or None: uniform)."""
+def sampler_from_config(cfg, num_clients: int, cohort_size: int, attack_fraction: float = 0.0):
+  """``cfg``: ``{name: uniform|forced|stratified, forced: "round:ids,...", attackers: int}`` (or None: uniform);
+  ``attack_fraction``: the run's share of attackers (``stratified`` with ``attackers=-1`` takes
+  ``round(attack_fraction * cohort_size)`` per round)."""
   if cfg is None:
     return UniformSampler()
   name = str(cfg.get("name", "uniform"))
@@ -124,4 +163,9 @@ def sampler_from_config(cfg, num_clients: int, cohort_size: int):
     if not schedule:
       raise ValueError("sampler.name='forced' needs sampler.forced, e.g. '10:3,25:3'")
     return ForcedSampler(schedule, num_clients, cohort_size)
+  if name == "stratified":
+    attackers = int(cfg.get("attackers", -1))
+    if attackers < 0:
+      attackers = int(round(float(attack_fraction) * cohort_size))
+    return StratifiedSampler(attackers, cohort_size)
   raise ValueError(f"unknown sampler {name!r}; choose one of {SAMPLERS}")

@@ -218,7 +218,9 @@ class Simulator:
     cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
     mask_fn = self.algorithm.sampling_mask
     cohort = self.sampler.sample(cohort_key, state.round, self.num_clients, self.cohort_size,
-                                 None if mask_fn is None else mask_fn(state.server))
+                                 None if mask_fn is None else mask_fn(state.server),
+                                 malicious=None if self.malicious is None else (
+                                     self._malicious_dev if malicious is None else malicious))
     data = _gather(train, cohort)
     client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
     payload = self._broadcast(state.server, cohort, self._malicious_dev if malicious is None else malicious)

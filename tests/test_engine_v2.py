@@ -433,3 +433,24 @@ def test_each_algorithm_owns_its_config_block():
     c.algorithm.fedprox.lamda = 0.5  # Ditto's field, not FedProx's
   with pytest.raises(AttributeError):
     c.algorithm.mu = 0.1  # no flat fields any more
+
+
+def test_stratified_sampler_puts_exactly_m_attackers_in_every_round():
+  """FedCC's placement (spec §2.6): f = 30% of every round's n participants are attackers, each part uniform."""
+  from fedjax_robust.sampling import StratifiedSampler, sampler_from_config
+  mal = jnp.asarray(np.arange(20) % 3 == 0)  # 7 attackers of 20
+  sampler = StratifiedSampler(3, 10)
+  seen = set()
+  for t in range(30):
+    cohort = np.asarray(sampler.sample(jax.random.key(t), jnp.int32(t), 20, 10, malicious=mal))
+    assert len(set(cohort)) == 10 and list(cohort) == sorted(cohort)
+    assert int(np.asarray(mal)[cohort].sum()) == 3
+    seen |= set(cohort.tolist())
+  assert seen == set(range(20))  # both parts are drawn at random, everyone shows up
+  eligible = jnp.asarray(np.arange(20) != 3)
+  for t in range(10):
+    cohort = np.asarray(sampler.sample(jax.random.key(t), jnp.int32(t), 20, 10, eligible, mal))
+    assert 3 not in cohort and int(np.asarray(mal)[cohort].sum()) == 3
+  assert sampler_from_config({"name": "stratified", "attackers": -1}, 20, 10, attack_fraction=0.3).attackers == 3
+  with pytest.raises(ValueError, match="attackers per round"):
+    StratifiedSampler(11, 10)

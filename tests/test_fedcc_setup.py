@@ -69,5 +69,6 @@ def test_table4_and_table5_cells_configure_the_paper_variants():
                             strategy="", set=[])
   c = t.cell_config("fang_median", "noniid", "cifar10", "fedcc", "k100_p0.3", args)
   assert (c.data.num_clients, c.server.participation, c.attack.fraction, c.rounds) == (100, 0.3, 0.3, 30)
+  assert c.sampler.name == "stratified"
   c = t.cell_config("targeted", "noniid", "fmnist", "median", "e6", args)
   assert (c.client.epochs, c.attack.client.epochs, c.rounds) == (6, 12, 40)
