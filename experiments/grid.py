@@ -119,7 +119,9 @@ def reported(final: dict, models: Iterable[str]) -> tuple[float, dict]:
 # ------------------------------------------------------------------------------------------ per-round curves
 # metrics.jsonl scalar -> the cell's per-round list (index r-1 = round r), where the run logs it.
 PER_ROUND_SCALARS = {"train_loss": "train_loss_per_round", "benign_train_loss": "benign_train_loss_per_round",
-                     "num_removed": "num_removed_per_round"}
+                     "num_removed": "num_removed_per_round",
+                     "backdoor_confidence": "backdoor_confidence_per_round",  # FedCC Fig. 4 (every-round eval)
+                     "global_test_acc": "global_test_acc_per_round"}
 
 
 def per_round_series(run_dir: Path) -> dict:
