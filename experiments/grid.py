@@ -200,6 +200,7 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
   import jax
   from fedjax_robust.experiment import run_experiment
   start = time.perf_counter()
+  source = provenance()  # the code this process runs: recorded now, not when a cell ends (HEAD may move meanwhile)
   for key, config, record in cells:
     if stop_after_s and time.perf_counter() - start > stop_after_s:
       print(f"stopping before {key}: {stop_after_s:.0f} s budget spent", flush=True)
@@ -213,7 +214,7 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
       cell = {**per_round_series(out / key), **record(summary, out / key, config)}
     cell.update(wall_s=time.perf_counter() - t0, rounds_per_s=summary["rounds_per_s"], rounds=int(config.rounds),
                 epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"],
-                config=json.loads(config.to_json_best_effort()), **provenance())
+                config=json.loads(config.to_json_best_effort()), **source)
     if summary.get("resumed_from_round"):  # wall_s is this invocation only; the run's own clock spans every session
       cell.update(resumed_from_round=summary["resumed_from_round"], run_wall_time_s=summary["wall_time_s"])
     results[key] = cell
