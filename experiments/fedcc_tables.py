@@ -138,64 +138,50 @@ def _reduced_note(results: dict) -> str:
   return "Cells ran with: " + "; ".join(parts) + "."
 
 
+def _ours_vs_paper(row_headers: list[str], columns: list[str], rows, note: str) -> str:
+  """A table of ``ours / paper`` cells: ``rows`` = ``(row labels, cells, paper values)``; a row without any cell
+  run yet is left out."""
+  lines = ["| " + " | ".join(row_headers + [f"{c} ours / paper" for c in columns]) + " |",
+           "|" + "---|" * (len(row_headers) + len(columns))]
+  for labels, cells, paper in rows:
+    if any(cells):
+      lines.append("| " + " | ".join(list(labels) + [f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)]) + " |")
+  return "\n".join(lines + ["", note]) + "\n"
+
+
 def table2(results: dict) -> str:
-  lines = ["| Setting | Dataset | " + " | ".join(f"{v} ours / paper" for v in RULES.values()) + " |",
-           "|---|---|" + "---|" * len(RULES)]
-  for (dist, dataset), paper in PAPER_TABLE2.items():
-    cells = [results.get(cell_key("none", dist, dataset, r)) for r in RULES]
-    if not any(cells):
-      continue
-    lines.append(f"| {DISTS[dist]} | {DATASETS[dataset]} | " + " | ".join(
-        f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)) + " |")
-  return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
+  rows = [((DISTS[dist], DATASETS[dataset]), [results.get(cell_key("none", dist, dataset, r)) for r in RULES], paper)
+          for (dist, dataset), paper in PAPER_TABLE2.items()]
+  return _ours_vs_paper(["Setting", "Dataset"], list(RULES.values()), rows, _reduced_note(results))
 
 
 def table3(results: dict) -> str:
-  lines = ["| Attack | Dist | Dataset | " + " | ".join(f"{v} ours / paper" for v in RULES.values()) + " |",
-           "|---|---|---|" + "---|" * len(RULES)]
-  for (attack, dist, dataset), paper in PAPER_TABLE3.items():
-    cells = [results.get(cell_key(attack, dist, dataset, r)) for r in RULES]
-    if not any(cells):
-      continue
-    lines.append(f"| {ATTACKS[attack]} | {DISTS[dist]} | {DATASETS[dataset]} | " + " | ".join(
-        f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)) + " |")
-  return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
+  rows = [((ATTACKS[attack], DISTS[dist], DATASETS[dataset]),
+           [results.get(cell_key(attack, dist, dataset, r)) for r in RULES], paper)
+          for (attack, dist, dataset), paper in PAPER_TABLE3.items()]
+  return _ours_vs_paper(["Attack", "Dist", "Dataset"], list(RULES.values()), rows, _reduced_note(results))
 
 
 def table1(results: dict) -> str:
-  lines = ["| Similarity | " + " | ".join(f"{ATTACKS[a]} {DISTS[d]} ours / paper" for a, d in TABLE1_COLUMNS) + " |",
-           "|---|" + "---|" * len(TABLE1_COLUMNS)]
-  for rule, paper in PAPER_TABLE1.items():
-    cells = [results.get(cell_key(a, d, "cifar10", rule)) for a, d in TABLE1_COLUMNS]
-    if not any(cells):
-      continue
-    lines.append(f"| {SIMILARITIES[rule]} | " + " | ".join(f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper))
-                 + " |")
-  return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
+  rows = [((SIMILARITIES[rule],), [results.get(cell_key(a, d, "cifar10", rule)) for a, d in TABLE1_COLUMNS], paper)
+          for rule, paper in PAPER_TABLE1.items()]
+  return _ours_vs_paper(["Similarity"], [f"{ATTACKS[a]} {DISTS[d]}" for a, d in TABLE1_COLUMNS], rows,
+                        _reduced_note(results))
 
 
 def table4(results: dict) -> str:
-  head = [f"FK:{RULES[r]}" for r in TABLE4_RULES] + [f"FM:{RULES[r]}" for r in TABLE4_RULES]
-  lines = ["| Frac | Data | " + " | ".join(f"{h} ours / paper" for h in head) + " |",
-           "|---|---|" + "---|" * len(head)]
-  for (frac, dataset), paper in PAPER_TABLE4.items():
-    cells = [results.get(cell_key(a, "noniid", dataset, r, f"k100_p{frac:g}"))
-             for a in ("fang_krum", "fang_median") for r in TABLE4_RULES]
-    if any(cells):
-      lines.append(f"| {frac:g} | {DATASETS[dataset]} | " + " | ".join(
-          f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)) + " |")
-  return "\n".join(lines + ["", "FK = Fang-Krum, FM = Fang-Med. " + _reduced_note(results)]) + "\n"
+  columns = [f"FK:{RULES[r]}" for r in TABLE4_RULES] + [f"FM:{RULES[r]}" for r in TABLE4_RULES]
+  rows = [((f"{frac:g}", DATASETS[dataset]),
+           [results.get(cell_key(a, "noniid", dataset, r, f"k100_p{frac:g}"))
+            for a in ("fang_krum", "fang_median") for r in TABLE4_RULES], paper)
+          for (frac, dataset), paper in PAPER_TABLE4.items()]
+  return _ours_vs_paper(["Frac", "Data"], columns, rows, "FK = Fang-Krum, FM = Fang-Med. " + _reduced_note(results))
 
 
 def table5(results: dict) -> str:
-  lines = ["| Dataset | " + " | ".join(f"{RULES[r]} ours / paper" for r in TABLE4_RULES) + " |",
-           "|---|" + "---|" * len(TABLE4_RULES)]
-  for dataset, paper in PAPER_TABLE5.items():
-    cells = [results.get(cell_key("targeted", "noniid", dataset, r, "e6")) for r in TABLE4_RULES]
-    if any(cells):
-      lines.append(f"| {DATASETS[dataset]} | " + " | ".join(f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper))
-                   + " |")
-  return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
+  rows = [((DATASETS[dataset],), [results.get(cell_key("targeted", "noniid", dataset, r, "e6")) for r in TABLE4_RULES],
+           paper) for dataset, paper in PAPER_TABLE5.items()]
+  return _ours_vs_paper(["Dataset"], [RULES[r] for r in TABLE4_RULES], rows, _reduced_note(results))
 
 
 TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5}

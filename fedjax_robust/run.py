@@ -222,7 +222,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   ``<run_dir>/summary.json`` with every final scalar metric's per-seed values, mean and standard deviation
   (``ddof=0``: the spread of these seeds), per grid point. Returns that summary.
   """
-  from fedjax_robust.experiment import RunWriter, build_experiment, partition_record, round_record
+  from fedjax_robust.experiment import build_experiment
 
   seeds = parse_seeds(config.get("seeds", ""))
   points = parse_grid(config.get("grid", ""), config.algorithm.name)
@@ -288,7 +288,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
       seed_dir = (root / point_label(point) if point else root) / f"seed_{seed}"
       finals.append(_write_lane(seed_dir, run_config, exp, lane_trace, rounds, evaluated,
                                 {"seed": seed, "grid_point": point, "seeds_run": str(root),
-                                 "wall_time_s_all_lanes": wall_s}, RunWriter, partition_record, round_record))
+                                 "wall_time_s_all_lanes": wall_s}))
     summaries[point_label(point) or "all"] = summarize_finals(finals)
   summary = {
       "seeds": seeds,
@@ -312,8 +312,9 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
 
 
 def _write_lane(run_dir: Path, run_config: dict, exp, lane_trace: RunTrace, rounds: int, evaluated: list[int],
-                extra: dict, RunWriter, partition_record, round_record) -> dict:
+                extra: dict) -> dict:
   """One lane's run directory (config, partition, attackers, per-round metrics, summary); returns its final record."""
+  from fedjax_robust.experiment import RunWriter, partition_record, round_record  # experiment imports this module
   writer = RunWriter(run_dir)
   writer.write_json("config.json", run_config)
   writer.write_json("partition.json", partition_record(exp.data))

@@ -160,7 +160,6 @@ class Simulator:
     self.evaluators = resolve_evaluators(evaluators, self.backdoor is not None)
     self.server_data = None if server_data is None else ClientData(
         jnp.asarray(server_data.x), jnp.asarray(server_data.y, jnp.int32), jnp.asarray(server_data.n, jnp.int32))
-    self.backdoor_target = None if self.backdoor is None else self.backdoor[1]
     self.attack_data = None if attack_data is None else ClientData(
         jnp.asarray(attack_data.x), jnp.asarray(attack_data.y, jnp.int32), jnp.asarray(attack_data.n, jnp.int32))
     # Slots of the malicious kernel: attackers in a cohort, at most (static, so the same for every seed).

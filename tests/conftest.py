@@ -46,3 +46,14 @@ def data_cache_dir(tmp_path_factory) -> Path:
 def shared_data():
   """``shared_data("mnist", ...)`` -> data root, applying the fail-on-CI / skip rule."""
   return require_shared_data
+
+
+@pytest.fixture(scope="module")
+def fast_compiles():
+  """XLA with most optimizations off for one module: many small jitted kernels compile faster than they run
+  (aggregators, similarity kernels); modules opt in with ``pytestmark = pytest.mark.usefixtures(...)``."""
+  import jax
+  old = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", old)

@@ -21,12 +21,7 @@ from fedjax_robust.aggregators import (AGGREGATORS, AggregateResult, Aggregator,
 KEY = jax.random.PRNGKey(0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # tests/conftest.py
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,12 +17,7 @@ from fedjax_robust.metrics import similarity as S
 KEY = jax.random.PRNGKey(0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # tests/conftest.py
 
 
 PAD = 12  # 1-D cases are padded to 12 scores with invalid slots, so the jitted 2-means compiles once

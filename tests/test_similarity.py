@@ -13,12 +13,7 @@ import pytest
 from fedjax_robust.metrics import similarity as S
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fast_compiles():
-  old = jax.config.read("jax_disable_most_optimizations")
-  jax.config.update("jax_disable_most_optimizations", True)
-  yield
-  jax.config.update("jax_disable_most_optimizations", old)
+pytestmark = pytest.mark.usefixtures("fast_compiles")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------------------- numpy references
