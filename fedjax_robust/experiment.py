@@ -312,13 +312,9 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
       x_bd, y_bd = attacks.triggered_test_set(data.x_global_test, data.y_global_test, trigger,
                                               attack_cfg.data.target_label, value)
       backdoor = (x_bd, int(attack_cfg.data.target_label))
-    if client_attack is not None:  # FedCC's D_mal: r test images of one class, labelled another (spec §2.4)
-      r = int(attack_cfg.client.samples)
-      x_mal, y_mal, _, y_tgt = attacks.semantic_backdoor_set(data.x_global_test, data.y_global_test,
-                                                             data.num_classes, r, int(attack_cfg.seed))
-      attack_data = ClientData(x_mal, y_mal, np.int32(r))
-      if backdoor is None:  # the backdoor metrics are measured on D_mal itself (spec §2.7)
-        backdoor = (x_mal, int(y_tgt))
+    if client_attack is not None:  # the attack's own data (FedCC: D_mal), and its backdoor metrics' inputs
+      attack_data, attack_backdoor = client_attack.make_data(data, int(attack_cfg.seed))
+      backdoor = backdoor or attack_backdoor
   else:
     clean = data
   module = get_model_from_config(config.model, data.num_classes)

@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_robust.client import ClientData, LocalResult, LocalTrainSpec, local_train
 from fedjax_robust.optim import make_optimizer
@@ -23,18 +24,25 @@ from fedjax_robust.optim import make_optimizer
 ClientTrain = Callable[..., LocalResult]
 
 
+# make_data(data: FederatedData, seed) -> (attack_data: ClientData, backdoor: (x, target) or None): the attack's
+# own data, built once per run on the host, and what the backdoor metrics are measured on.
+MakeData = Callable[[Any, int], tuple]
+
+
 class ClientAttack(NamedTuple):
   name: str
   train: ClientTrain
+  make_data: MakeData
 
 
 def backdoor_training(epochs: int = 6, lr: float = 5e-3, weight_decay: float = 5e-3,
-                      batch_size: int = 100) -> ClientAttack:
+                      batch_size: int = 100, samples: int = 1) -> ClientAttack:
   """FedCC's malicious local procedure (spec §2.4): ``epochs`` times, one epoch over the client's own data with
   the clients' optimizer (Adam 1e-3, weight decay 1e-3 in FedCC), then one pass over D_mal (``batch_size`` rows
   per step: one step for FedCC's r = 1..5 images) with a second optimizer, Adam(``lr``) with coupled weight decay
   ``weight_decay``. Both act on the same parameters, keep separate moments, and are fresh every round.
-  Boosting the result (x5) is the ``boosting`` upload attack."""
+  Boosting the result (x5) is the ``boosting`` upload attack. D_mal = ``samples`` test images of one class labelled
+  another (:func:`~fedjax_robust.attacks.semantic_backdoor_set`); the backdoor metrics are measured on it (§2.7)."""
   if epochs < 1:
     raise ValueError(f"backdoor_training: epochs must be >= 1, got {epochs}")
   attack_opt = make_optimizer("adam", lr, weight_decay=weight_decay)
@@ -58,7 +66,13 @@ def backdoor_training(epochs: int = 6, lr: float = 5e-3, weight_decay: float = 5
     loss = jnp.sum(losses * steps) / jnp.maximum(total, 1)
     return LocalResult(params, opt_state, {"loss": loss, "steps": total.astype(jnp.int32)}, model_state)
 
-  return ClientAttack("backdoor_training", train)
+  def make_data(data, seed: int):
+    from fedjax_robust.attacks.data_poisoning import semantic_backdoor_set
+    x_mal, y_mal, _, y_tgt = semantic_backdoor_set(data.x_global_test, data.y_global_test, data.num_classes,
+                                                   int(samples), int(seed))
+    return ClientData(x_mal, y_mal, np.int32(samples)), (x_mal, int(y_tgt))
+
+  return ClientAttack("backdoor_training", train, make_data)
 
 
 CLIENT_ATTACKS = {"none": None, "backdoor_training": backdoor_training}
@@ -73,4 +87,4 @@ def client_attack_from_config(cfg) -> ClientAttack | None:
     raise ValueError(f"unknown client attack {name!r}; known: {sorted(CLIENT_ATTACKS)}")
   return CLIENT_ATTACKS[name](epochs=int(cfg.get("epochs", 6)), lr=float(cfg.get("lr", 5e-3)),
                               weight_decay=float(cfg.get("weight_decay", 5e-3)),
-                              batch_size=int(cfg.get("batch_size", 100)))
+                              batch_size=int(cfg.get("batch_size", 100)), samples=int(cfg.get("samples", 1)))
