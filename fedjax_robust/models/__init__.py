@@ -29,7 +29,7 @@ import numpy as np
 from fedjax_robust.models.classifiers import (BNCNN, CifarCNN, EMNISTCNN,
                                               FedAvgCNN, FedCCCifarCNN,
                                               FedCCFMNISTCNN, HARCNN, LeNet5,
-                                              MLP)
+                                              MLP, MnistCNN)
 from fedjax_robust.models.interface import (Model, as_model, as_variables,
                                             make_model, merge_variables,
                                             require_stateless, split_variables,
@@ -48,6 +48,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "bn_cnn": BNCNN,
     "fedcc_fmnist_cnn": FedCCFMNISTCNN,
     "fedcc_cifar_cnn": FedCCCifarCNN,
+    "cnn_mnist": MnistCNN,
 }
 
 # The input shape (H, W, C) each model was specified for (the MLP takes any).
@@ -61,6 +62,7 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "bn_cnn": (32, 32, 3),
     "fedcc_fmnist_cnn": (28, 28, 1),
     "fedcc_cifar_cnn": (32, 32, 3),
+    "cnn_mnist": (28, 28, 1),
 }
 
 _RESERVED_FIELDS = ("parent", "name", "num_classes")
@@ -163,6 +165,6 @@ __all__ = [
     "model_kwargs", "init_params", "count_params", "split_base_head",
     "merge_base_head", "init_variables", "Model", "make_model", "as_model",
     "as_variables", "split_variables", "merge_variables", "stateless_apply",
-    "require_stateless", "train_logits", "BNCNN", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5",
+    "require_stateless", "train_logits", "BNCNN", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5", "MnistCNN",
     "CifarCNN", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",
 ]

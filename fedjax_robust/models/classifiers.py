@@ -226,6 +226,50 @@ class CifarCNN(LeNet5):
   conv1_padding: int = 0
 
 
+class MnistCNN(nn.Module):
+  """The LeNet-style "CNNMnist" of the FedAvg reference code and FedProto (FedALC spec §4.3, A11).
+
+  conv1 5x5 1->10 -> max-pool 2 -> ReLU -> conv2 5x5 10->20 -> Dropout2d(0.5) -> max-pool 2 -> ReLU -> flatten
+  320 -> fc1 50 -> ReLU -> Dropout(0.5) -> head 10. 28x28x1 with 10 classes: 21,840 parameters. Dropout2d
+  drops whole channels (``broadcast_dims`` over H and W); both dropouts act in training only.
+  """
+
+  num_classes: int = 10
+  dropout_rate: float = 0.5
+  init_scheme: str = "torch"
+  conv_impl: str = "xla"
+
+  penultimate = "fc1"
+
+  def setup(self):
+    self.conv1 = TorchConv(10, (5, 5), init_scheme=self.init_scheme, impl=self.conv_impl)
+    self.conv2 = TorchConv(20, (5, 5), init_scheme=self.init_scheme, impl=self.conv_impl)
+    self.fc1 = TorchDense(50, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+    if self.dropout_rate > 0:
+      self.channel_dropout = nn.Dropout(self.dropout_rate, broadcast_dims=(1, 2))
+      self.dropout = nn.Dropout(self.dropout_rate)
+
+  @property
+  def feature_dim(self) -> int:
+    return 50
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    """fc1 after its ReLU (the input of ``head`` before the last dropout)."""
+    x = nn.relu(_pool(self.conv1(x)))
+    x = self.conv2(x)
+    if self.dropout_rate > 0:
+      x = self.channel_dropout(x, deterministic=not train)
+    x = nn.relu(_pool(x))
+    return nn.relu(self.fc1(_flatten(x)))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    x = self.features(x, train)
+    if self.dropout_rate > 0:
+      x = self.dropout(x, deterministic=not train)
+    return self.head(x)
+
+
 class _FedCCConvNet(nn.Module):
   """The body of FedCC's two small CNNs (specs/fedcc.md §4.3): VALID convolutions with ReLU (and a 2x2 max pool
   after each when ``pool``), flatten, dropout, ``fc1`` WITHOUT activation (the penultimate layer whose
