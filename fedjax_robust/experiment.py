@@ -26,6 +26,8 @@ import numpy as np
 from flax import traverse_util
 
 from fedjax_robust import attacks
+from fedjax_robust.adversarial import (adversarial_config, default_robust_eval_config, objective_from_config,
+                                       robust_eval_from_config)
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.attacks.client_attacks import client_attack_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
@@ -37,6 +39,7 @@ from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
 from fedjax_robust.models import as_model, get_model_from_config, make_model
+from fedjax_robust.models.interface import with_input_normalization
 from fedjax_robust.optim import optimizer_from_config
 from fedjax_robust.sampling import sampler_from_config
 from fedjax_robust.simulation import SimState, Simulator
@@ -88,7 +91,14 @@ def default_config() -> ml_collections.ConfigDict:
   })
   # What each evaluation measures (fedjax_robust/metrics/evaluators.py): auto = accuracy (+ backdoor with one),
   # or a comma-separated list such as "accuracy,backdoor".
-  c.eval = ml_collections.ConfigDict({"metrics": "auto"})
+  # robust: the global model's robust accuracy under eval.robust's attacks (fedjax_robust/adversarial/evaluation.py).
+  # last_rounds: also evaluate after each of the last N rounds (papers that report the mean of the last 10).
+  c.eval = ml_collections.ConfigDict({"metrics": "auto", "last_rounds": 0,
+                                      "robust": default_robust_eval_config()})
+  # Local training objective and training attack (fedjax_robust/adversarial/objectives.py): ce | pgd_at (FedAvg-AT)
+  # | fedalc | fat | trades | mart | calfat, with each objective's block adversarial.<name>.*. Attacks perturb
+  # [0, 1] pixels: adversarial runs need data.normalize='model' (or False).
+  c.adversarial = adversarial_config()
   # Cohort sampler: uniform | forced ("round:id+id,..." forced into those 1-indexed rounds, e.g. "10:3,25:3").
   # stratified: exactly `attackers` attackers per round (-1 = round(attack.fraction * cohort)), FedCC spec §2.6.
   c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": "", "attackers": -1})
@@ -193,14 +203,15 @@ def root_dataset(data, size: int, seed: int) -> ClientData:
 
 
 def make_algorithm(config, model, spec: LocalTrainSpec, aggregator=None, num_clients=None, cohort=None, attack=None,
-                   malicious=None, hparams=None, client_attack=None) -> FedAlgorithm:
+                   malicious=None, hparams=None, client_attack=None, objective=None) -> FedAlgorithm:
   """The algorithm ``config.algorithm.name`` names, from the registry (``algorithms/registry.py``).
   ``aggregator=None`` is the algorithm's default rule (the sample-weighted ``mean``). ``hparams``: dotted config
   keys whose values (tracers, in a grid program: ``fedjax_robust.run``) replace the config's."""
   hparams = dict(hparams or {})
   ctx = BuildContext(config, as_model(model), optimizer_from_config(config.client, hparams.get("client.lr")),
                      optimizer_from_config(config.server, hparams.get("server.lr")), spec, aggregator,
-                     int(num_clients), int(cohort or num_clients), attack, malicious, hparams, client_attack)
+                     int(num_clients), int(cohort or num_clients), attack, malicious, hparams, client_attack,
+                     objective)
   return build_algorithm(config.algorithm.name, ctx)
 
 
@@ -319,6 +330,17 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     clean = data
   module = get_model_from_config(config.model, data.num_classes)
   model = make_model(module)
+  norm = data.info.get("normalize") or {}
+  if norm.get("mode") == "model":  # pixels stay in [0, 1]; the dataset's mean/std is the model's first layer
+    model = with_input_normalization(model, norm["mean"], norm["std"])
+  objective = objective_from_config(config.get("adversarial"))
+  eval_cfg = config.get("eval", {})
+  metrics_names = str(eval_cfg.get("metrics", "auto")).replace(" ", "").split(",")
+  robust_eval = robust_eval_from_config(eval_cfg.get("robust")) if "robust" in metrics_names else None
+  if (objective.adversarial or robust_eval is not None) and norm.get("mode") in ("standard", "half"):
+    raise ValueError(f"adversarial training / robust evaluation perturb [0, 1] pixels (eps in pixel units), but "
+                     f"data.normalize={config.data.normalize!r} normalises the inputs: set data.normalize='model' "
+                     "(normalisation inside the model) or False")
   variables = model.init(jax.random.key(config.seed), jnp.zeros((1,) + tuple(data.feature_shape), jnp.float32))
   params = variables["params"]
   model_state = {k: v for k, v in variables.items() if k != "params"}
@@ -346,7 +368,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                      "aggregator.name='mean' with no parameters")
   def algorithm_with(hparams=None) -> FedAlgorithm:
     return make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
-                          attack=attack, malicious=malicious, hparams=hparams, client_attack=client_attack)
+                          attack=attack, malicious=malicious, hparams=hparams, client_attack=client_attack,
+                          objective=objective)
 
   algorithm = algorithm_with()
   transform = None
@@ -358,7 +381,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,
-                        evaluators=config.get("eval", {}).get("metrics", "auto"), attack_data=attack_data)
+                        evaluators=eval_cfg.get("metrics", "auto"), attack_data=attack_data,
+                        eval_options={} if robust_eval is None else {"robust": robust_eval})
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
                     algorithm_with)
 
@@ -494,6 +518,9 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
     raise ValueError(f"rounds and eval_every must be >= 1, got {config.rounds}, {config.eval_every}")
   if config.output.checkpoint_every < 0:
     raise ValueError(f"output.checkpoint_every must be >= 0, got {config.output.checkpoint_every}")
+  from fedjax_robust.run import eval_rounds
+  evaluated = set(eval_rounds(int(config.rounds), int(config.eval_every),
+                              int(config.get("eval", {}).get("last_rounds", 0))))
   if config.get("seeds") or config.get("grid"):
     from fedjax_robust.run import run_seeds  # several seeds / grid points: one vmapped program
     return run_seeds(config, run_dir)
@@ -535,7 +562,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   for t in range(start + 1, config.rounds + 1):
     state, metrics = sim.run_round(state)
     record = round_record(t, metrics)
-    if t % config.eval_every == 0 or t == config.rounds:
+    if t in evaluated:
       record.update(sim.evaluate(state))
     record["elapsed_s"] = earlier_s + time.perf_counter() - t0
     if not math.isfinite(record["train_loss"]):

@@ -51,43 +51,60 @@ class RunTrace(NamedTuple):
   evaluations: dict  # the evaluators' raw values, each leaf with a leading [len(eval_rounds)] axis
 
 
-def eval_rounds(rounds: int, eval_every: int) -> list[int]:
-  """The 1-indexed rounds after which a run evaluates: every ``eval_every``-th and the last."""
-  if rounds < 1 or eval_every < 1:
-    raise ValueError(f"rounds and eval_every must be >= 1, got {rounds}, {eval_every}")
-  points = list(range(eval_every, rounds + 1, eval_every))
-  return points if points and points[-1] == rounds else points + [rounds]
+def eval_rounds(rounds: int, eval_every: int, last_rounds: int = 0) -> list[int]:
+  """The 1-indexed rounds after which a run evaluates: every ``eval_every``-th, the last, and each of the last
+  ``last_rounds`` (papers that report the mean over the last 10 rounds, e.g. FedALC §2.4)."""
+  if rounds < 1 or eval_every < 1 or not 0 <= last_rounds <= rounds:
+    raise ValueError(f"need rounds >= 1, eval_every >= 1 and 0 <= eval.last_rounds <= rounds, got {rounds}, "
+                     f"{eval_every}, {last_rounds}")
+  head = rounds - last_rounds
+  points = list(range(eval_every, head + 1, eval_every))
+  if last_rounds == 0 and (not points or points[-1] != rounds):
+    points.append(rounds)
+  return points + list(range(head + 1, rounds + 1))
 
 
-def make_run(sim: Simulator, rounds: int, eval_every: int):
+def make_run(sim: Simulator, rounds: int, eval_every: int, last_rounds: int = 0):
   """``run(state, inputs) -> (final_state, RunTrace)``: ``rounds`` rounds in ``lax.scan`` with the evaluators
-  after every ``eval_every``-th round and the last, a pure traceable function (jit it, vmap it over seeds).
+  after the rounds :func:`eval_rounds` names, a pure traceable function (jit it, vmap it over seeds).
 
   Needs a traceable strategy (``vmap``; ``shard_map`` too, unvmapped): the sequential reference is a Python loop.
   """
   if not is_traceable(sim.strategy):
     raise ValueError("make_run needs a traceable strategy (engine.strategy vmap or shard_map), not sequential")
-  blocks, tail = divmod(int(rounds), int(eval_every))
-  eval_rounds(rounds, eval_every)  # checks the arguments
+  eval_rounds(rounds, eval_every, last_rounds)  # checks the arguments
+  blocks, tail = divmod(int(rounds) - int(last_rounds), int(eval_every))
+
+  def train(state, inputs: RunInputs, length: int):
+    return jax.lax.scan(lambda s, _: sim.round_step(s, inputs), state, None, length=length)
 
   def rounds_then_evaluate(state, inputs: RunInputs, length: int):
-    state, metrics = jax.lax.scan(lambda s, _: sim.round_step(s, inputs), state, None, length=length)
+    state, metrics = train(state, inputs, length)
     return state, metrics, sim.evaluation_step(state, inputs)
+
+  def evaluated_blocks(state, inputs, count: int, length: int, round_parts, eval_parts):
+    def block(s, _):
+      s, metrics, evaluation = rounds_then_evaluate(s, inputs, length)
+      return s, (metrics, evaluation)
+
+    state, (metrics, evaluation) = jax.lax.scan(block, state, None, length=count)
+    round_parts.append(jax.tree.map(lambda a: a.reshape((count * length,) + a.shape[2:]), metrics))
+    eval_parts.append(evaluation)
+    return state
 
   def run(state: SimState, inputs: RunInputs):
     round_parts, eval_parts = [], []
     if blocks:
-      def block(s, _):
-        s, metrics, evaluation = rounds_then_evaluate(s, inputs, eval_every)
-        return s, (metrics, evaluation)
-
-      state, (metrics, evaluation) = jax.lax.scan(block, state, None, length=blocks)
-      round_parts.append(jax.tree.map(lambda a: a.reshape((blocks * eval_every,) + a.shape[2:]), metrics))
-      eval_parts.append(evaluation)
-    if tail:
+      state = evaluated_blocks(state, inputs, blocks, eval_every, round_parts, eval_parts)
+    if tail and last_rounds:  # rounds between the last eval_every block and the evaluated last rounds
+      state, metrics = train(state, inputs, tail)
+      round_parts.append(metrics)
+    elif tail:
       state, metrics, evaluation = rounds_then_evaluate(state, inputs, tail)
       round_parts.append(metrics)
       eval_parts.append(jax.tree.map(lambda a: a[None], evaluation))
+    if last_rounds:
+      state = evaluated_blocks(state, inputs, last_rounds, 1, round_parts, eval_parts)
     concat = lambda parts: jax.tree.map(lambda *a: jnp.concatenate(a), *parts) if len(parts) > 1 else parts[0]
     return state, RunTrace(concat(round_parts), concat(eval_parts))
 
@@ -248,16 +265,17 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   inputs = stack_inputs([s.inputs for s in sims])
   build_s = time.perf_counter() - t_build
   rounds, eval_every = int(config.rounds), int(config.eval_every)
+  last_rounds = int(config.get("eval", {}).get("last_rounds", 0))
   if points:
     grid = {k: jnp.asarray([p[k] for p in points], jnp.float32) for k in points[0]}
 
     def lane(state, run_inputs, hparams):
       sim = sims[0].with_algorithm(experiments[0].algorithm_with(hparams))
-      return make_run(sim, rounds, eval_every)(state, run_inputs)
+      return make_run(sim, rounds, eval_every, last_rounds)(state, run_inputs)
 
     program = jax.vmap(lambda st, inp: jax.vmap(lambda h: lane(st, inp, h))(grid))
   else:
-    program = jax.vmap(make_run(sims[0], rounds, eval_every))
+    program = jax.vmap(make_run(sims[0], rounds, eval_every, last_rounds))
   logger.info("seeds %s x %d grid points: one program, %d rounds each, on %s", seeds, max(len(points), 1), rounds,
               jax.devices())
   t0 = time.perf_counter()
@@ -272,7 +290,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
 
   name = config.output.name or f"{config.data.name}_{config.algorithm.name}_seeds_{time.strftime('%Y%m%d-%H%M%S')}"
   root = Path(run_dir) if run_dir is not None else Path(config.output.dir) / name
-  evaluated = eval_rounds(rounds, eval_every)
+  evaluated = eval_rounds(rounds, eval_every, last_rounds)
   summaries = {}
   for g, point in enumerate(points or [{}]):
     finals = []

@@ -132,14 +132,17 @@ class Simulator:
       algorithm's ``sampling_mask``; forced clients at given rounds).
     evaluators: names from :mod:`fedjax_robust.metrics.evaluators` (default ``"auto"``: accuracy, plus
       backdoor with a backdoor).
+    eval_options: per-evaluator settings, e.g. ``{"robust": RobustEvalSpec}`` (the attacks of the ``robust``
+      evaluator; default FGSM, BIM, PGD, CW at ε = 8/255).
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
                upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
                malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None,
                server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None,
-               evaluators=None, attack_data: Optional[ClientData] = None):
+               evaluators=None, attack_data: Optional[ClientData] = None, eval_options: Optional[dict] = None):
     self.algorithm = algorithm
+    self.eval_options = dict(eval_options or {})
     self.model: Model = as_model(apply_fn)
     self.apply_fn = self.model.logits  # (params or variables, x) -> eval-mode logits
     self.strategy = strategy or VmapStrategy()

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
+from fedjax_robust.adversarial.objectives import Objective
 from fedjax_robust.aggregators import Aggregator, make_mean
 from fedjax_robust.aggregators.base import combine
 from fedjax_robust.hparams import check, may_be_nonzero
@@ -63,20 +64,33 @@ def squared_distance(a: PyTree, b: PyTree) -> jax.Array:
   return sum(jnp.sum(jnp.square(x - y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-def classification_loss(model: Model | ApplyFn, anchor: PyTree | None = None, mu: float = 0.0):
-  """Masked cross-entropy in training mode (dropout, masked batch statistics), plus the proximal term
-  ``μ/2 ||w - anchor||²`` when ``μ > 0``. A :data:`~fedjax_robust.client.LossFn`: ``(params, batch) -> (loss,
-  model_state)``."""
+def classification_loss(model: Model | ApplyFn, anchor: PyTree | None = None, mu: float = 0.0,
+                        objective: Optional[Objective] = None, data: Optional[ClientData] = None):
+  """The local loss in training mode (dropout, masked batch statistics): masked cross-entropy, or the
+  ``objective``'s loss on this client's ``data`` (adversarial training, :mod:`fedjax_robust.adversarial`), plus
+  the proximal term ``μ/2 ||w - anchor||²`` when ``μ > 0``. A :data:`~fedjax_robust.client.LossFn`:
+  ``(params, batch) -> (loss, model_state)``."""
   model = as_model(model)
+  base = None if objective is None else objective.loss(model, data)
 
   def loss_fn(params, batch: Batch):
-    logits, model_state = train_logits(model, params, batch.model_state, batch.x, batch.key, batch.mask)
-    loss = masked_cross_entropy(logits, batch.y, batch.mask)
+    if base is None:
+      logits, model_state = train_logits(model, params, batch.model_state, batch.x, batch.key, batch.mask)
+      loss = masked_cross_entropy(logits, batch.y, batch.mask)
+    else:
+      loss, model_state = base(params, batch)
     if may_be_nonzero(mu):
       loss = loss + 0.5 * mu * squared_distance(params, anchor)
     return loss, model_state
 
   return loss_fn
+
+
+def objective_transform(objective: Optional[Objective], model: Model, data: ClientData):
+  """The objective's batch transform for this client (``None``: train on the clean batches)."""
+  if objective is None or objective.transform is None:
+    return None
+  return objective.transform(as_model(model), data)
 
 
 def apply_server_update(server_opt: optax.GradientTransformation, state: ServerState,
@@ -133,6 +147,7 @@ def make_fedavg(
     root_data: ClientData | None = None,
     keep_norm_local: bool = False,
     client_attack: Any = None,
+    objective: Optional[Objective] = None,
 ) -> FedAlgorithm:
   """FedAvg, FedProx (``mu > 0``), FedAvg-FT (``ft_mode`` set) or FedBN (``keep_norm_local``).
 
@@ -150,6 +165,10 @@ def make_fedavg(
 
   ``client_attack`` (:mod:`fedjax_robust.attacks.client_attacks`): the malicious clients' local procedure,
   run by the engine for the cohort's attackers (``malicious_update``) instead of their honest training.
+
+  ``objective`` (:mod:`fedjax_robust.adversarial.objectives`): the local training objective, e.g. PGD adversarial
+  training (FedAvg-AT; FedProx-AT with ``mu``) or FedALC's calibrated loss; ``None`` is plain cross-entropy.
+  The server's FLTrust reference update and FedAvg-FT's fine-tuning train with it too.
 
   ``persist_client_opt_state`` keeps each client's optimizer state (e.g.
   momentum) across the rounds it participates in, as PyTorch FL code that builds
@@ -199,10 +218,10 @@ def make_fedavg(
     global_params, _ = split_variables(payload)
     params, model_state = start_model(payload, client_state)
     opt_state = client_state["opt_state"] if persist_client_opt_state else client_opt.init(params)
-    loss_fn = classification_loss(model, global_params, mu)
+    loss_fn = classification_loss(model, global_params, mu, objective, data)
     if attack_data is None:
       params, opt_state, metrics, model_state = local_train(loss_fn, client_opt, params, opt_state, data, key, spec,
-                                                            model_state)
+                                                            model_state, objective_transform(objective, model, data))
     else:  # a malicious client's own procedure (malicious_update)
       params, opt_state, metrics, model_state = client_attack.train(loss_fn, client_opt, params, data, attack_data,
                                                                     key, spec, model_state)
@@ -220,8 +239,9 @@ def make_fedavg(
     root_key, agg_key = jax.random.split(key)
 
     def reference_update(global_params, server_data):
-      trained = local_train(classification_loss(model), client_opt, global_params, client_opt.init(global_params),
-                            server_data, root_key, spec, state.model_state)
+      trained = local_train(classification_loss(model, objective=objective, data=server_data), client_opt,
+                            global_params, client_opt.init(global_params), server_data, root_key, spec,
+                            state.model_state, objective_transform(objective, model, server_data))
       return tree_sub(trained.params, global_params)
 
     features_fn = None
@@ -253,8 +273,9 @@ def make_fedavg(
     params, model_state = start_model(payload, client_state)
     if ft_mode is None:
       return merge_variables(params, model_state) if model_state else params
-    trained = local_train(classification_loss(model), client_opt, params, client_opt.init(params), data, key,
-                          finetune_spec, model_state)
+    trained = local_train(classification_loss(model, objective=objective, data=data), client_opt, params,
+                          client_opt.init(params), data, key, finetune_spec, model_state,
+                          objective_transform(objective, model, data))
     return merge_variables(trained.params, trained.model_state) if model_state else trained.params
 
   malicious_update = None
@@ -265,9 +286,10 @@ def make_fedavg(
                       personal_params, uses_context=True, malicious_update=malicious_update)
 
 
-def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec) -> FedAlgorithm:
+def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec,
+               objective: Optional[Objective] = None) -> FedAlgorithm:
   """Local (a.k.a. Separate) training: each client trains only its own model (and BatchNorm state), nothing is
-  shared."""
+  shared. ``objective``: as in :func:`make_fedavg`."""
   model = as_model(model)
 
   def init_client(params, model_state=None):
@@ -275,9 +297,11 @@ def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation,
 
   def client_update(payload, client_state, data: ClientData, key):
     del payload
-    params, opt_state, metrics, model_state = local_train(classification_loss(model), client_opt,
-                                                          client_state["params"], client_state["opt_state"], data,
-                                                          key, spec, client_state["model_state"])
+    params, opt_state, metrics, model_state = local_train(classification_loss(model, objective=objective, data=data),
+                                                          client_opt, client_state["params"],
+                                                          client_state["opt_state"], data, key, spec,
+                                                          client_state["model_state"],
+                                                          objective_transform(objective, model, data))
     return ClientOutput({}, {"params": params, "opt_state": opt_state, "model_state": model_state}, metrics)
 
   def personal_params(payload, client_state, data, key):

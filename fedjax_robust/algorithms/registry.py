@@ -48,6 +48,7 @@ class BuildContext(NamedTuple):
   malicious: Optional[np.ndarray] = None  # [K] bool
   hparams: dict = {}  # dotted config key -> value (a tracer inside a grid program) replacing the config's
   client_attack: Any = None  # the attackers' own local procedure (attacks/client_attacks.py), or None
+  objective: Any = None  # the local training objective (adversarial/objectives.py); None = plain cross-entropy
 
   @property
   def alg(self):
@@ -97,6 +98,7 @@ class AlgorithmEntry(NamedTuple):
   resets_client_optimizer: bool = False  # refuses client.persist_optimizer_state
   full_cohort: Callable[[Any], bool] = lambda config: False
   supports_client_attack: bool = False  # builds malicious_update from ctx.client_attack
+  supports_objective: bool = False  # trains with ctx.objective (adversarial training, FedALC)
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {}
@@ -134,6 +136,9 @@ def build_algorithm(name: str, ctx: BuildContext) -> FedAlgorithm:
   if ctx.client_attack is not None and not entry.supports_client_attack:
     raise ValueError(f"algorithm {name!r} cannot run a client-side attack ({ctx.client_attack.name}); "
                      "the FedAvg family can")
+  if ctx.objective is not None and ctx.objective.name != "ce" and not entry.supports_objective:
+    raise ValueError(f"algorithm {name!r} trains with plain cross-entropy only; adversarial.objective="
+                     f"{ctx.objective.name!r} needs one of {tuple(n for n, e in ALGORITHMS.items() if e.supports_objective)}")
   if entry.resets_client_optimizer and ctx.persist:
     raise ValueError(f"algorithm {name!r} resets the client optimizer every round; "
                      "leave client.persist_optimizer_state=False")
@@ -147,22 +152,24 @@ def _fedavg_family(name: str, options: Callable[[Any], dict] = lambda block: {})
   def build(ctx: BuildContext) -> FedAlgorithm:
     return make_fedavg(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, persist_client_opt_state=ctx.persist,
                        aggregator=ctx.aggregator, name=name, client_attack=ctx.client_attack,
-                       **options(ctx.options))
+                       objective=ctx.objective, **options(ctx.options))
 
   return build
 
 
-register_algorithm("fedavg", _fedavg_family("fedavg"), supports_client_attack=True)
+register_algorithm("fedavg", _fedavg_family("fedavg"), supports_client_attack=True, supports_objective=True)
 register_algorithm("fedprox", _fedavg_family("fedprox", lambda o: {"mu": scalar(o.mu)}),
-                   options={"mu": 0.01}, traced=("mu",), supports_client_attack=True)  # proximal weight
+                   options={"mu": 0.01}, traced=("mu",), supports_client_attack=True,
+                   supports_objective=True)  # proximal weight
 register_algorithm("fedavg_ft", _fedavg_family(
     "fedavg_ft", lambda o: {"finetune_epochs": int(o.finetune_epochs), "ft_mode": o.ft_mode}),
     # ft_mode: 'last_local' (score each client's model after its local epochs, FedCAP spec §3) or 'finetune'
     # (fine-tune finetune_epochs from the global model at evaluation)
-    options={"ft_mode": "last_local", "finetune_epochs": 1}, supports_client_attack=True)
-register_algorithm("fedbn", _fedavg_family("fedbn", lambda o: {"keep_norm_local": True}), supports_client_attack=True)
+    options={"ft_mode": "last_local", "finetune_epochs": 1}, supports_client_attack=True, supports_objective=True)
+register_algorithm("fedbn", _fedavg_family("fedbn", lambda o: {"keep_norm_local": True}), supports_client_attack=True,
+                   supports_objective=True)
 register_algorithm(
-    "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec),
+    "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec, ctx.objective), supports_objective=True,
     # trains_all: all K clients train every round (FedCAP spec §3); False: the sampled cohort only
     options={"trains_all": True}, aggregates=False,
     full_cohort=lambda config: bool(config.algorithm.local.get("trains_all", True)))

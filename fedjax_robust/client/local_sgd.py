@@ -35,13 +35,15 @@ PyTree = Any
 
 class Batch(NamedTuple):
   """What one local step's loss sees: the (possibly transformed) mini-batch, its real-row mask, the step's
-  dropout key and the model state (non-trainable collections such as BatchNorm's ``batch_stats``; ``{}``)."""
+  dropout key, the model state (non-trainable collections such as BatchNorm's ``batch_stats``; ``{}``) and,
+  when a batch transform rewrote ``x``, the clean inputs it started from (TRADES and MART compare the two)."""
 
   x: jax.Array
   y: jax.Array
   mask: jax.Array  # [B] bool: real rows (padding and the unused tail of a partial batch are False)
   key: jax.Array
   model_state: PyTree = {}
+  x_clean: Optional[jax.Array] = None  # the batch before ``batch_transform`` (None without one)
 
 
 # loss_fn(params, batch) -> (loss, new_model_state): the step's scalar loss and the model state after the forward
@@ -177,9 +179,11 @@ def local_train(
     idx, mask, active, i = inputs
     transform_key, loss_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(step_root, i[0]), i[1]))
     x, y = data.x[idx], data.y[idx]
+    clean = None
     if batch_transform is not None:
-      x = jax.lax.stop_gradient(batch_transform({"params": p, **(ms or {})}, x, y, mask, transform_key))
-    (loss, new_ms), grads = grad_fn(p, Batch(x, y, mask, loss_key, ms))
+      clean, x = x, jax.lax.stop_gradient(batch_transform({"params": jax.lax.stop_gradient(p), **(ms or {})}, x,
+                                                          y, mask, transform_key))
+    (loss, new_ms), grads = grad_fn(p, Batch(x, y, mask, loss_key, ms, clean))
     updates, new_s = optimizer.update(grads, s, p)
     new_p = optax.apply_updates(p, updates)
     carry = (_select(active, new_p, p), _select(active, new_s, s), _select(active, new_ms, ms),

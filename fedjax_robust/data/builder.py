@@ -51,7 +51,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   int), ``pool_size`` (None | int: uniform random subset of the pool before partitioning),
   ``max_samples_per_client`` (None | int), ``train_ratio``, ``client_split`` ('random' =
   seeded per-client split by ``train_ratio`` | 'source' = the dataset's own train/test
-  rows, pool 'all' only), ``normalize`` (True | False | 'half'), and ``partition``:
+  rows, pool 'all' only), ``normalize`` (True | False | 'half' | 'model': pixels stay in [0, 1] and the
+  experiment puts the dataset's mean/std inside the model, for adversarial training), and ``partition``:
   ``name`` (iid | shards | pat | dirichlet | dirichlet_client | quantity_skew | sigma |
   natural | group), ``alpha``, ``classes_per_client``
   (also shards per client for 'shards'), ``min_size``, ``form`` (dirichlet: 'per_class'

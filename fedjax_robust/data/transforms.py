@@ -27,17 +27,18 @@ def normalize_mode(mode) -> str:
     return "unit"
   m = str(mode).lower()
   aliases = {"standard": "standard", "true": "standard", "half": "half", "unit": "unit",
-             "none": "unit", "false": "unit"}
+             "none": "unit", "false": "unit", "model": "model"}
   if m not in aliases:
-    raise ValueError(f"normalize must be True, False, 'standard', 'half' or 'none'; got {mode!r}")
+    raise ValueError(f"normalize must be True, False, 'standard', 'half', 'none' or 'model'; got {mode!r}")
   return aliases[m]
 
 
 def normalization_stats(spec: DatasetSpec, mode) -> tuple[np.ndarray, np.ndarray]:
-  """Per-channel (mean, std) applied after scaling to [0, 1]."""
+  """Per-channel (mean, std) applied after scaling to [0, 1] (``'model'``: the standard statistics, which the model
+  applies as its first layer while the data stay in [0, 1])."""
   mode = normalize_mode(mode)
   ch = spec.image_shape[-1]
-  if mode == "standard":
+  if mode in ("standard", "model"):
     mean, std = np.asarray(spec.mean, np.float32), np.asarray(spec.std, np.float32)
     if mean.shape != (ch,) or std.shape != (ch,):
       raise ValueError(f"{spec.name}: mean/std need {ch} channel values")
@@ -48,8 +49,10 @@ def normalization_stats(spec: DatasetSpec, mode) -> tuple[np.ndarray, np.ndarray
 
 
 def normalize_images(x: np.ndarray, spec: DatasetSpec, mode=True) -> np.ndarray:
-  """float32 NHWC ``((x / spec.max_value) - mean) / std``."""
-  mean, std = normalization_stats(spec, mode)
+  """float32 NHWC ``((x / spec.max_value) - mean) / std`` (mode ``'model'``: ``x / spec.max_value`` only, pixels in
+  [0, 1], so that adversarial perturbations are measured in pixel units; FedALC spec A10)."""
+  mode = normalize_mode(mode)
+  mean, std = normalization_stats(spec, "unit" if mode == "model" else mode)
   out = np.asarray(x, np.float32) * np.float32(1.0 / spec.max_value)
   out -= mean
   out /= std

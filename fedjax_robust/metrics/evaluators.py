@@ -13,8 +13,10 @@ and come to the host once, when the round's record is written. ``global_model`` 
 * ``backdoor``: the global model's attack success rate and backdoor confidence on the triggered
   global test set (needs a backdoor attack, ``attack.data.kind`` = ``backdoor`` / ``dba``).
 
-``auto`` (the default) is ``accuracy`` plus ``backdoor`` when the run has a backdoor. Robust accuracy
-under a named attack (FGSM/PGD/CW) registers here with the adversarial kernels (FedALC issue).
+* ``robust``: the global model's natural and robust accuracy under the attacks of ``eval.robust``
+  (``robust_natural_acc``, ``robust_acc_fgsm``, ...; :mod:`fedjax_robust.adversarial.evaluation`).
+
+``auto`` (the default) is ``accuracy`` plus ``backdoor`` when the run has a backdoor.
 """
 
 from __future__ import annotations
@@ -64,8 +66,19 @@ def _backdoor(sim, state, global_model, inputs) -> dict:
   return {"backdoor": sim._eval_backdoor(global_model, inputs.backdoor_x, inputs.backdoor_target)}
 
 
+def _robust(sim, state, global_model, inputs) -> dict:
+  from fedjax_robust.adversarial.evaluation import evaluate_robust, robust_eval_from_config
+  from fedjax_robust.simulation import eval_key
+  if global_model is None:
+    raise ValueError("the robust evaluator attacks the global model; this algorithm has none")
+  spec = sim.eval_options.get("robust") or robust_eval_from_config(None)
+  key = eval_key(state.key, state.round)
+  return evaluate_robust(sim.model, global_model, *inputs.global_test, key, spec)
+
+
 register_evaluator("accuracy", _accuracy)
 register_evaluator("backdoor", _backdoor)
+register_evaluator("robust", _robust)
 
 
 def accuracy_record(raw: dict, benign, eval_models, client_metrics) -> dict:

@@ -175,3 +175,26 @@ def train_logits(model: Model, params: PyTree, model_state: dict, x: jax.Array, 
   """Training-mode forward pass: dropout with ``key``, batch statistics over the ``mask`` rows."""
   return model.apply(merge_variables(params, model_state), x, train=True, rng=key, mask=mask)
 
+
+
+def with_input_normalization(model: Model, mean, std) -> Model:
+  """``model`` preceded by the fixed layer ``(x - mean) / std`` (per channel, last axis).
+
+  Adversarial training and evaluation perturb inputs in [0, 1] pixel units (FedALC spec A10), so a dataset's
+  normalisation moves inside the model (``data.normalize='model'``); parameters are unchanged.
+  """
+  import jax.numpy as jnp
+  mean = jnp.asarray(mean, jnp.float32)
+  std = jnp.asarray(std, jnp.float32)
+  norm = lambda x: (x - mean) / std
+
+  def init(key, sample_x):
+    return model.init(key, norm(sample_x))
+
+  def apply(variables, x, **kwargs):
+    return model.apply(variables, norm(x), **kwargs)
+
+  features = None
+  if model.features is not None:
+    features = lambda variables, x, **kwargs: model.features(variables, norm(x), **kwargs)
+  return Model(init, apply, features, model.state_collections, model.module)
