@@ -34,6 +34,10 @@ from fedjax_robust.models.interface import (Model, as_model, as_variables,
                                             make_model, merge_variables,
                                             require_stateless, split_variables,
                                             stateless_apply, train_logits)
+from fedjax_robust.models.resnet import (ResNet, ResNet8, ResNet10, ResNet18,
+                                         load_pretrained,
+                                         torch_state_dict_from_variables,
+                                         variables_from_torch_state_dict)
 from fedjax_robust.models.layers import (CONV_IMPLS, INIT_SCHEMES, TorchConv,
                                          TorchDense, check_conv_impl,
                                          torch_uniform_init)
@@ -49,6 +53,9 @@ MODELS: dict[str, type[nn.Module]] = {
     "fedcc_fmnist_cnn": FedCCFMNISTCNN,
     "fedcc_cifar_cnn": FedCCCifarCNN,
     "cnn_mnist": MnistCNN,
+    "resnet18": ResNet18,
+    "resnet8": ResNet8,
+    "resnet10": ResNet10,
 }
 
 # The input shape (H, W, C) each model was specified for (the MLP takes any).
@@ -63,6 +70,9 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "fedcc_fmnist_cnn": (28, 28, 1),
     "fedcc_cifar_cnn": (32, 32, 3),
     "cnn_mnist": (28, 28, 1),
+    "resnet18": (32, 32, 3),  # CIFAR-10, not resized (FedALC §4.3)
+    "resnet8": (32, 32, 3),
+    "resnet10": (32, 32, 3),  # CIFAR-100; Tiny-ImageNet is 64x64x3
 }
 
 _RESERVED_FIELDS = ("parent", "name", "num_classes")
@@ -167,4 +177,6 @@ __all__ = [
     "as_variables", "split_variables", "merge_variables", "stateless_apply",
     "require_stateless", "train_logits", "BNCNN", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5", "MnistCNN",
     "CifarCNN", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",
+    "ResNet", "ResNet18", "ResNet8", "ResNet10", "variables_from_torch_state_dict",
+    "torch_state_dict_from_variables", "load_pretrained",
 ]
