@@ -13,7 +13,7 @@ import pytest
 from fedjax_robust import models
 from fedjax_robust.models import (count_params, get_model,
                                   get_model_from_config, init_params,
-                                  merge_base_head, split_base_head)
+                                  make_model, merge_base_head, split_base_head)
 from fedjax_robust.models.layers import TorchConv, TorchDense
 
 KEY = jax.random.key(0)
@@ -265,7 +265,8 @@ def test_get_model_errors():
   with pytest.raises(ValueError, match="accepted: .*fc_dim"):
     get_model("fedavg_cnn", 10, hidden=(3,))
   assert set(models.MODELS) == {"mlp", "fedavg_cnn", "emnist_cnn", "har_cnn",
-                                "lenet5", "cifar_cnn", "bn_cnn", "fedcc_fmnist_cnn", "fedcc_cifar_cnn"}
+                                "lenet5", "cifar_cnn", "bn_cnn", "fedcc_fmnist_cnn", "fedcc_cifar_cnn",
+                                "cnn_mnist", "resnet18", "resnet8", "resnet10"}
   assert set(models.DEFAULT_INPUT_SHAPES) == set(models.MODELS)
 
 
@@ -305,7 +306,8 @@ CONV_MODELS = [
 
 
 def test_conv_impl_registered_on_every_conv_model():
-  conv_names = {n for n, *_ in CONV_MODELS} | {"bn_cnn", "fedcc_fmnist_cnn"}
+  conv_names = {n for n, *_ in CONV_MODELS} | {"bn_cnn", "fedcc_fmnist_cnn", "cnn_mnist", "resnet18", "resnet8",
+                                                "resnet10"}
   for name in models.MODELS:
     assert ("conv_impl" in models.model_kwargs(name)) == (name in conv_names)
     if name in conv_names:
@@ -429,3 +431,19 @@ def test_max_pool_implementations_agree(window, shape):
   w = jnp.asarray(np.random.default_rng(1).normal(size=a.shape), jnp.float32)
   grad = lambda impl: jax.grad(lambda v: jnp.sum(_pool(jax.nn.relu(v), window, impl) * w))(x)
   np.testing.assert_array_equal(grad("reshape"), grad("reduce_window"))
+
+
+def test_cnn_mnist_is_fedalcs_lenet_style_cnn():
+  """FedALC spec §4.3 / property 18: 28x28x1 -> 10 logits, 21,840 parameters; both dropouts act in training only."""
+  model = make_model(get_model("cnn_mnist", 10))
+  variables = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+  assert count_params(variables["params"]) == 21_840
+  x = jax.random.uniform(jax.random.key(1), (4, 28, 28, 1))
+  eval_logits = model.apply(variables, x)[0]
+  assert eval_logits.shape == (4, 10)
+  np.testing.assert_array_equal(eval_logits, model.apply(variables, x)[0])
+  train_a = model.apply(variables, x, train=True, rng=jax.random.key(2))[0]
+  assert not np.allclose(train_a, eval_logits)
+  np.testing.assert_array_equal(train_a, model.apply(variables, x, train=True, rng=jax.random.key(2))[0])
+  np.testing.assert_allclose(model.module.apply(variables, model.features(variables, x), method=lambda m, h: m.head(h)),
+                             eval_logits, rtol=1e-6, atol=1e-6)

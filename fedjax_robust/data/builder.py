@@ -60,7 +60,8 @@ def default_data_config() -> ml_collections.ConfigDict:
   = q_k ~ Dir(alpha 1_C)), ``balance`` (pat). Optional extra partition fields read if
   present: ``sigma`` (for 'sigma', and log-normal quantity skew), ``dist``
   ('dirichlet' | 'lognormal' for quantity_skew), ``max_tries`` (dirichlet redraws),
-  ``dominant_fraction`` and ``class_groups`` (group: FedCAP's EMNIST partition, spec §4.1).
+  ``dominant_fraction`` and ``class_groups`` (group: FedCAP's EMNIST partition, spec §4.1), ``cap_at_mean``
+  (dirichlet per_class: a client holding N/K samples gets no share of later classes, NIID-Bench's balance cap).
 
   Optional fields are typed placeholders and ``normalize`` an ``object`` field, so
   command-line overrides (``--config.data.samples_per_class=600``,
@@ -136,6 +137,8 @@ def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None
       params = {"alpha": alpha, "min_size": min_size}
       if _get(pcfg, "max_tries") is not None:
         params["max_tries"] = int(_get(pcfg, "max_tries"))
+      if _get(pcfg, "cap_at_mean"):  # NIID-Bench's balance cap (FedALC spec §4.2)
+        params["cap_at_mean"] = True
     else:
       name = "dirichlet_client"
       params = {"alpha": alpha, "form": form.split("_", 1)[1], "min_size": min_size}

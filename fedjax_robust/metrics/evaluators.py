@@ -89,10 +89,15 @@ def accuracy_record(raw: dict, benign, eval_models, client_metrics) -> dict:
     correct, count = raw["global_test"]
     metrics["global_test_acc"] = float(correct) / max(int(count), 1)
     correct, count = map(np.asarray, raw["global_on_clients"])
+    if count.sum() == 0:  # no client holds a test split (data.train_ratio=1.0): only the global test set scores
+      return metrics
     metrics["global_client_acc_weighted"] = float(correct.sum() / max(count.sum(), 1))
     if benign is not None:
       metrics["global_benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
   scored = raw["clients"]
+  first = scored[eval_models[0]] if eval_models else scored
+  if int(np.asarray(first[1]).sum()) == 0:  # no client test rows at all: client accuracies are undefined
+    return metrics
   if eval_models:
     for name in eval_models:
       metrics.update(client_metrics(*scored[name], benign, prefix=f"{name}_"))
