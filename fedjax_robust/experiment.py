@@ -328,7 +328,9 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
       backdoor = backdoor or attack_backdoor
   else:
     clean = data
-  module = get_model_from_config(config.model, data.num_classes)
+  model_cfg = config.model.to_dict()
+  pretrained = model_cfg.pop("pretrained", None)  # a converted checkpoint (fedjax_robust/models/resnet.py)
+  module = get_model_from_config(model_cfg, data.num_classes)
   model = make_model(module)
   norm = data.info.get("normalize") or {}
   if norm.get("mode") == "model":  # pixels stay in [0, 1]; the dataset's mean/std is the model's first layer
@@ -342,6 +344,10 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                      f"data.normalize={config.data.normalize!r} normalises the inputs: set data.normalize='model' "
                      "(normalisation inside the model) or False")
   variables = model.init(jax.random.key(config.seed), jnp.zeros((1,) + tuple(data.feature_shape), jnp.float32))
+  if pretrained:  # every layer but the new task's head from the file (FedALC Table II: ImageNet ResNet-18)
+    from fedjax_robust.models.resnet import load_pretrained
+    variables = load_pretrained(pretrained, module, variables)
+    logger.info("model weights (all but the head) loaded from %s", pretrained)
   params = variables["params"]
   model_state = {k: v for k, v in variables.items() if k != "params"}
   backend = jax.default_backend()

@@ -113,3 +113,19 @@ def test_adversarial_runs_refuse_what_they_cannot_do():
     build_experiment(adversarial_digits(**{"eval.robust.attacks": "deepfool"}))
   with pytest.raises(ValueError, match="calib_variant"):
     build_experiment(adversarial_digits(**{"adversarial.fedalc.calib_variant": "sqrt"}))
+
+
+def test_model_pretrained_loads_every_layer_but_the_head(tmp_path):
+  """``model.pretrained=<file>``: a converted checkpoint (here any flax model's, saved with ``save_variables``)
+  replaces the initial weights, the new task's ``head`` stays freshly initialised (FedALC Table II's ResNet-18)."""
+  from fedjax_robust.models.resnet import save_variables
+  c = adversarial_digits(**{"model.hidden": (16,)})
+  donor = make_model(get_model("mlp", 10, hidden=(16,))).init(jax.random.key(42), jnp.zeros((1, 8, 8, 1)))
+  path = tmp_path / "donor.msgpack"
+  save_variables(donor, path)
+  fresh = build_experiment(c).params
+  with c.unlocked():
+    c.model.pretrained = str(path)
+  loaded = build_experiment(c).params
+  np.testing.assert_array_equal(loaded["fc1"]["kernel"], donor["params"]["fc1"]["kernel"])
+  np.testing.assert_array_equal(loaded["head"]["kernel"], fresh["head"]["kernel"])
