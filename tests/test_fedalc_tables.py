@@ -1,0 +1,181 @@
+"""experiments/fedalc_tables.py without training: the last-rounds window, seeds aggregation, the rendered tables and
+their acceptance paragraphs from hand-made cells, and each cell's config."""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fedjax_robust.config_files import load_module
+
+t = load_module(Path(__file__).resolve().parents[1] / "experiments" / "fedalc_tables.py")
+grid = t.grid  # the shared grid module the script runs with (its _seed_cells aggregates a seeds cell)
+
+
+def _args(**kw):
+  base = dict(rounds=0, epochs=0, seed=0, seeds="0,1,2", data_dir=None, checkpoint_every=0, resume=False,
+              strategy="", set=[])
+  return argparse.Namespace(**{**base, **kw})
+
+
+def _rows(rounds=12, natural=None, pgd=None):
+  """metrics.jsonl records: every round a train loss; the evaluated ones also their metrics."""
+  natural = natural or {5: 0.50, 10: 0.80, 11: 0.82, 12: 0.84}
+  pgd = pgd or {11: 0.40, 12: 0.44}
+  rows = []
+  for r in range(1, rounds + 1):
+    row = {"round": r, "train_loss": 1.0}
+    if r in natural:
+      row["global_test_acc"] = natural[r]
+    if r in pgd:
+      row["robust_acc_pgd"] = pgd[r]
+    rows.append(row)
+  return rows
+
+
+def _config(rounds=12, last_rounds=3, dataset="mnist"):
+  c = t.cell_config(dataset, 0.1, "fedalc", _args(rounds=rounds, seeds=""))
+  c.eval.last_rounds = last_rounds
+  return c
+
+
+def test_window_mean_and_std_over_the_evaluated_rounds_of_the_last_window():
+  rows = _rows()
+  assert t.window_rounds(rows, 3) == [10, 11, 12]  # round 5 is evaluated but outside the window
+  mean, std, n = t.window_stats(rows, "global_test_acc", 3)
+  assert (n, mean) == (3, pytest.approx(82.0)) and std == pytest.approx(math.sqrt(8 / 3))  # (4 + 0 + 4) / 3
+  mean, std, n = t.window_stats(rows, "robust_acc_pgd", 3)
+  assert (n, mean, std) == (2, pytest.approx(42.0), pytest.approx(2.0))
+  assert t.window_stats(rows, "robust_acc_fgsm", 3) is None
+  assert t.window_stats(rows, "global_test_acc", 0)[:2] == (pytest.approx(84.0), 0.0)  # 0 = the last evaluation
+  cell = t.record_rows(rows, _config())
+  assert cell["value"] == cell["natural"] == pytest.approx(82.0)
+  assert cell["natural_window_std"] == pytest.approx(math.sqrt(8 / 3))
+  assert cell["pgd"] == pytest.approx(42.0) and "fgsm" not in cell
+  assert cell["window_rounds"] == [10, 11, 12]
+  assert cell["curves"] == {"round": [5, 10, 11, 12], "global_test_acc": [0.5, 0.8, 0.82, 0.84],
+                            "robust_acc_pgd": [None, None, 0.40, 0.44]}
+  assert cell["protocol"] == {"dataset": "mnist", "rounds": 12, "paper_rounds": 100, "epochs": 1, "paper_epochs": 1,
+                              "last_rounds": 3, "reduced": True}
+  assert t.shown(cell, "natural") == (pytest.approx(82.0), pytest.approx(math.sqrt(8 / 3)))
+
+
+def test_seeds_cell_shows_the_std_across_seeds(tmp_path):
+  # Two seeds' run directories as run_seeds writes them; grid._seed_cells aggregates what record returns.
+  natural = {0: {10: 0.80, 11: 0.82, 12: 0.84}, 1: {10: 0.90, 11: 0.90, 12: 0.90}}
+  for seed, values in natural.items():
+    d = tmp_path / f"seed_{seed}"
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in _rows(natural=values)) + "\n")
+    (d / "summary.json").write_text(json.dumps({"final": {}}))
+  cell = grid._seed_cells({"seeds": [0, 1]}, tmp_path, _config(), t.record)
+  t.hoist_per_seed_fields(cell)
+  assert cell["natural"] == pytest.approx(86.0)  # (82 + 90) / 2
+  assert cell["natural_std"] == pytest.approx(4.0)  # across seeds, ddof 0
+  assert cell["natural_window_std"] == pytest.approx(math.sqrt(8 / 3) / 2)  # mean of (1.633, 0)
+  assert cell["protocol"]["reduced"] and cell["window_rounds"] == [10, 11, 12]
+  assert t.shown(cell, "natural") == (pytest.approx(86.0), pytest.approx(4.0))
+  assert "std across seeds" in t.setup_note([{**cell, "config": {}}])
+  single = {**cell, "seeds": [0]}
+  assert t.shown(single, "natural")[1] == pytest.approx(math.sqrt(8 / 3) / 2)  # one seed: the window std
+
+
+def _cell(natural, pgd=None, seeds=(0, 1, 2), rounds=100, examples=0):
+  cell = {"natural": natural, "natural_std": 0.5, "natural_window_std": 0.1, "value": natural, "seeds": list(seeds),
+          "protocol": {"dataset": "mnist", "rounds": rounds, "paper_rounds": 100, "epochs": 1, "paper_epochs": 1,
+                       "last_rounds": min(10, rounds), "reduced": rounds != 100},
+          "config": {"eval": {"metrics": "accuracy,robust", "robust": {
+              "attacks": "fgsm,bim,pgd,cw", "eps": 8 / 255, "step_size": 2 / 255, "steps": 10, "cw_c": 1.0,
+              "cw_kappa": 0.0, "cw_steps": 5, "cw_lr": 0.01, "examples": examples}}}}
+  if pgd is not None:
+    cell.update(pgd=pgd, pgd_std=0.25, pgd_window_std=0.05)
+  return cell
+
+
+def test_table1_shows_ours_and_the_papers_numbers(tmp_path):
+  results = {t.cell_key("mnist", 0.05, "fedalc"): _cell(86.0, pgd=60.0, examples=500),
+             t.cell_key("mnist", 0.05, "fedavg"): _cell(84.0, seeds=[0], rounds=2)}
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  table = t.table_from_json(path, "table1")
+  row = [line for line in table.splitlines() if line.startswith("| 0.05 | FedALC |")][0]
+  assert "86.00 ± 0.50 / 85.62 ± 0.21" in row and "60.00 ± 0.25 / 40.43 ± 0.26" in row
+  assert "— / 40.76 ± 0.19" in row  # FGSM not run
+  row = [line for line in table.splitlines() if line.startswith("| 0.05 | FedAvg |")][0]
+  assert "84.00 ± 0.10 / 83.84 ± 0.22" in row  # one seed: the window std
+  assert "FedProx" not in table.split("Acceptance")[0]  # rows without a cell are left out
+  assert "Fashion-MNIST" not in table  # a dataset without cells is left out
+  assert "REDUCED from the paper's 100 x 1" in table and "first 500 test images" in table
+  assert "eval.robust.cw_steps = 5 (spec §2.2: 50)" in table
+  assert "std over the window's evaluated rounds" in table and "std across seeds" in table
+
+
+def test_table2_and_its_paper_row():
+  results = {t.cell_key("cifar10", 0.1, "fedalc"): _cell(44.0), t.cell_key("cifar10", 0.1, "natural"): _cell(50.0)}
+  for c in results.values():
+    c["protocol"].update(dataset="cifar10", paper_rounds=60, rounds=60, epochs=5, paper_epochs=5, reduced=False)
+    c["config"] = {"eval": {"metrics": "accuracy"}}
+  table = t.table2(results)
+  assert "| Method | α=0.05 | α=0.1 | α=0.3 |" in table
+  assert "| FedALC | — / 35.99 ± 1.81 | 44.00 ± 0.50 / 43.12 ± 1.40 |" in table
+  assert "| Natural FedAvg (ref.) | — / — | 50.00 ± 0.50 / — |" in table
+  assert "REDUCED" not in table and "robust" not in table.split("Acceptance")[0]
+  assert "reference only" in table
+
+
+def test_acceptance_on_a_hand_made_case():
+  results = {t.cell_key("mnist", 0.1, "fedalc"): _cell(82.0), t.cell_key("mnist", 0.1, "fedavg"): _cell(80.0),
+             t.cell_key("mnist", 0.1, "fedprox"): _cell(81.0),  # FedProx above FedAvg: ordering not met
+             t.cell_key("mnist", 1.0, "fedalc"): _cell(96.0), t.cell_key("mnist", 1.0, "fedavg"): _cell(95.0)}
+  checks = {target: (ok, numbers) for target, ok, numbers in t.acceptance_checks(results, "mnist")}
+  assert checks["FedALC ≥ FedAvg > FedProx at α = 0.1"] == (False, "82.00 / 80.00 / 81.00")
+  assert checks["FedALC ≥ FedAvg > FedProx at α = 0.05"] == (None, "no FedALC, FedAvg, FedProx cell")
+  assert checks["FedALC − FedAvg in [+1, +4] at α = 0.1"] == (True, "+2.00")
+  assert checks["|FedALC − FedAvg| ≤ 0.6 at α = 1.0"] == (False, "+1.00")
+  assert checks["|FedALC − FedAvg| ≤ 0.6 at α = 0.5"][0] is None
+  assert checks["FedALC rising with α (every α ≥ 0.5 cell above every α ≤ 0.1 cell)"][0] is True
+  rising = "FedProx rising with α (every α ≥ 0.5 cell above every α ≤ 0.1 cell)"
+  assert checks[rising] == (None, "no FedProx cell at α ≥ 0.5")
+  no_prox = {k: v for k, v in results.items() if not k.endswith("__fedprox")}
+  assert dict((c[0], c[1:]) for c in t.acceptance_checks(no_prox, "mnist"))[rising] == (None, "no FedProx cell")
+  # The paper's own numbers meet every MNIST / FMNIST target.
+  for dataset in t.TABLE1_DATASETS:
+    assert all(ok for _, ok, _ in t.acceptance_checks({}, dataset, paper=True)), dataset
+  text = t.acceptance(results, "mnist")
+  assert "- FedALC ≥ FedAvg > FedProx at α = 0.1: NOT met (82.00 / 80.00 / 81.00); paper: met (82.62 / 79.51 / " \
+         "71.70)." in text
+  assert "- FedALC − FedAvg in [+1, +4] at α = 0.1: met (+2.00); paper: met (+3.11)." in text
+  assert "at α = 0.05: not run" in text
+
+
+@pytest.mark.parametrize("method,algorithm,objective", [("fedalc", "fedavg", "fedalc"), ("fedavg", "fedavg", "pgd_at"),
+                                                        ("fedprox", "fedprox", "pgd_at"), ("natural", "fedavg", "ce")])
+def test_cell_config_per_method(method, algorithm, objective):
+  c = t.cell_config("fmnist", 0.05, method, _args())
+  assert (c.algorithm.name, c.adversarial.objective, c.data.partition.alpha) == (algorithm, objective, 0.05)
+  assert (c.rounds, c.client.epochs, c.eval_every, c.eval.last_rounds, c.seeds) == (100, 5, 10, 10, "0,1,2")
+  assert c.eval.metrics == "accuracy,robust" and c.data.name == "fashion_mnist"
+  assert not t.protocol(c)["reduced"]
+
+
+def test_cell_config_reduced_rounds_shrink_the_window_and_overrides_apply():
+  c = t.cell_config("mnist", 1.0, "fedalc", _args(rounds=2, seeds="0", set=["eval.robust.examples=100"]))
+  assert (c.rounds, c.eval_every, c.eval.last_rounds, c.eval.robust.examples) == (2, 10, 2, 100)
+  assert t.protocol(c) == {"dataset": "mnist", "rounds": 2, "paper_rounds": 100, "epochs": 1, "paper_epochs": 1,
+                           "last_rounds": 2, "reduced": True}
+  c = t.cell_config("mnist", 1.0, "fedalc", _args(rounds=30, epochs=2))
+  assert (c.rounds, c.eval.last_rounds, c.client.epochs) == (30, 10, 2)
+  c = t.cell_config("cifar10", 0.3, "fedprox", _args())
+  assert (c.rounds, c.client.epochs, c.eval.metrics, c.model.name) == (60, 5, "accuracy", "resnet18")
+  assert (c.algorithm.name, c.algorithm.fedprox.mu) == ("fedprox", 0.001)
+
+
+def test_cells_of_each_mode():
+  assert len(t.cells_of("table1", [], [], list(t.PAPER_METHODS))) == 2 * 4 * 3
+  assert t.cells_of("table2", ["mnist"], [], ["fedalc"]) == [("cifar10", a, "fedalc") for a in t.TABLE2_ALPHAS]
+  with pytest.raises(ValueError):
+    t.cells_of("table1", ["cifar10"], [], ["fedalc"])
+  assert t.paper_value("mnist", 0.1, "fedalc", "cw") == (41.41, 0.20)
+  assert t.paper_value("cifar10", 5.0, "fedavg") == (64.18, 0.46) and t.paper_value("cifar10", 5.0, "natural") is None
