@@ -233,6 +233,7 @@ def _objective(name, **options):
   cfg = adversarial_config()
   with cfg.unlocked():
     cfg.objective = name
+    cfg.steps = 3  # a short attack keeps the compiles small; the kernels' own tests use 5-10 steps
     for k, v in options.items():
       cfg[name][k] = v
   return objective_from_config(cfg)
