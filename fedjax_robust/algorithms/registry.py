@@ -245,3 +245,32 @@ register_algorithm("fedfomo", _build_fedfomo, aggregates=False, resets_client_op
     "epsilon": 0.3,  # epsilon-greedy exploration (official FedFomo default)
     "epsilon_decay": 0.05,  # epsilon_t = max(epsilon - decay * t, 0)
 })
+
+
+def _build_fedcac(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.fedcac import make_fedcac
+  if ctx.attack is not None:
+    raise ValueError(f"algorithm 'fedcac' uploads whole models and masks, not the 'delta' a model attack "
+                     f"({getattr(ctx.attack, 'name', ctx.attack)}) poisons; leave attack.name='none' "
+                     "(data poisoning works)")
+  f = ctx.options
+  return make_fedcac(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, tau=float(f.tau), beta=scalar(f.beta),
+                     selection=str(f.selection), collaboration=str(f.collaboration),
+                     num_collaborators=int(f.num_collaborators), non_critical=str(f.non_critical),
+                     bn_mode=str(f.bn_mode), eval_before_aggregation=bool(f.eval_before_aggregation))
+
+
+# FedCAC (specs/fedcac.md §1; Wu et al. ICCV 2023; fedjax_robust/algorithms/fedcac.py). Defaults: CIFAR-10 (§1.2);
+# CIFAR-100 uses tau 0.4, beta 170; Tiny-ImageNet tau 0.5, beta 170. The client optimizer (SGD 0.1, momentum 0.9)
+# is the config's; it is re-created every round.
+register_algorithm("fedcac", _build_fedcac, aggregates=False, resets_client_optimizer=True, traced=("beta",),
+                   options={
+    "tau": 0.5,  # fraction of critical parameters per tensor, k = floor(tau * n) (static: sets shapes)
+    "beta": 100,  # collaboration horizon of Eq. 7: Thr^t reaches O_max at round t = beta
+    "selection": "sensitivity",  # critical entries: sensitivity | random | sensitivity_reverse (Fig. 3)
+    "collaboration": "time_varying",  # time_varying (Eq. 7-8) | none | number (Fig. 4)
+    "num_collaborators": 1,  # collaboration='number': the k other clients of highest overlap
+    "non_critical": "all",  # all: non-critical params take the FedAvg model | as_critical (Table 3)
+    "bn_mode": "local",  # BatchNorm running stats: local (code) | critical (averaged over C_i, the paper's words)
+    "eval_before_aggregation": True,  # also score each client's trained w^{t,E} (before_aggregation_client_acc_*)
+})
