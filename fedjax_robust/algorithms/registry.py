@@ -274,3 +274,59 @@ register_algorithm("fedcac", _build_fedcac, aggregates=False, resets_client_opti
     "bn_mode": "local",  # BatchNorm running stats: local (code) | critical (averaged over C_i, the paper's words)
     "eval_before_aggregation": True,  # also score each client's trained w^{t,E} (before_aggregation_client_acc_*)
 })
+
+
+# FedCAC's personalized baselines (specs/fedcac.md §2; issue 32 §3): FedPer and FedRep
+# (fedjax_robust/algorithms/partial_sharing.py: the body averaged by the server rule, the local layers kept on each
+# client), FedAMP (fedjax_robust/algorithms/fedamp.py: attention-weighted cloud models and the prox term). Each
+# re-creates the client optimizer every round (FedCAC's protocol). FedAvg, Separate (local) and FedBN are above.
+def _local_layers(value) -> tuple:
+  """``("head",)``; a string is a comma-separated list (``"fc1,head"``)."""
+  if isinstance(value, str):
+    return tuple(v for v in value.replace(" ", "").split(",") if v)
+  return tuple(value)
+
+
+def _build_fedper(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.partial_sharing import make_fedper
+  return make_fedper(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt,
+                     local_layers=_local_layers(ctx.options.local_layers), aggregator=ctx.aggregator)
+
+
+def _build_fedrep(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.partial_sharing import make_fedrep
+  f = ctx.options
+  return make_fedrep(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, head_epochs=int(f.head_epochs),
+                     body_epochs=int(f.body_epochs), local_layers=_local_layers(f.local_layers),
+                     aggregator=ctx.aggregator)
+
+
+def _build_fedamp(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.fedamp import make_fedamp
+  if ctx.attack is not None:
+    raise ValueError("algorithm 'fedamp' uploads whole personalized models, not the 'delta' a model attack "
+                     f"({getattr(ctx.attack, 'name', ctx.attack)}) poisons; leave attack.name='none'")
+  f = ctx.options
+  return make_fedamp(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, alpha_k=scalar(f.alpha_k),
+                     lamda=scalar(f.lamda), sigma=scalar(f.sigma), alpha_decay=scalar(f.alpha_decay),
+                     alpha_decay_every=int(f.alpha_decay_every), start=str(f.start))
+
+
+register_algorithm("fedper", _build_fedper, resets_client_optimizer=True, options={
+    "local_layers": ("head",),  # top-level layers kept on each client (head = the last layer, Fling's fc)
+})
+register_algorithm("fedrep", _build_fedrep, resets_client_optimizer=True, options={
+    "head_epochs": 10,  # epochs on the local layers with the body frozen (FedRep paper: 10)
+    "body_epochs": 0,  # then epochs on the body with the head frozen; 0 = client.epochs (FedCAC's E = 5)
+    "local_layers": ("head",),
+})
+# FedAMP defaults: the FedCAC authors' configuration (Fling cifar10_fedamp_resnet_config).
+register_algorithm("fedamp", _build_fedamp, aggregates=False, resets_client_optimizer=True,
+                   traced=("alpha_k", "lamda", "sigma", "alpha_decay"), options={
+    "alpha_k": 1e4,  # attention step alpha: xi_ij = alpha exp(-|w_i - w_j|^2 / sigma) / sigma; prox weight lamda/alpha
+    "lamda": 1.0,  # prox weight lambda of (lambda / 2 alpha) |w - u_i|^2
+    "sigma": 100.0,  # scale of the attention-inducing function A(x) = 1 - exp(-x / sigma)
+    "alpha_decay": 0.1,  # alpha multiplied by this every alpha_decay_every rounds (Fling's schedule)
+    "alpha_decay_every": 30,  # 0 = constant alpha
+    "start": "personal",  # local training starts from the client's own model (Fling, PFLlib) | cloud (u_i)
+})
