@@ -287,9 +287,10 @@ def make_fedavg(
 
 
 def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec,
-               objective: Optional[Objective] = None) -> FedAlgorithm:
+               objective: Optional[Objective] = None, persist_client_opt_state: bool = False) -> FedAlgorithm:
   """Local (a.k.a. Separate) training: each client trains only its own model (and BatchNorm state), nothing is
-  shared. ``objective``: as in :func:`make_fedavg`."""
+  shared. ``objective``: as in :func:`make_fedavg`. The optimizer state (momentum) is rebuilt every round like
+  every other algorithm's (FedCAC's Separate, spec §1.2), unless ``persist_client_opt_state``."""
   model = as_model(model)
 
   def init_client(params, model_state=None):
@@ -297,10 +298,10 @@ def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation,
 
   def client_update(payload, client_state, data: ClientData, key):
     del payload
+    opt_state = client_state["opt_state"] if persist_client_opt_state else client_opt.init(client_state["params"])
     params, opt_state, metrics, model_state = local_train(classification_loss(model, objective=objective, data=data),
-                                                          client_opt, client_state["params"],
-                                                          client_state["opt_state"], data, key, spec,
-                                                          client_state["model_state"],
+                                                          client_opt, client_state["params"], opt_state, data, key,
+                                                          spec, client_state["model_state"],
                                                           objective_transform(objective, model, data))
     return ClientOutput({}, {"params": params, "opt_state": opt_state, "model_state": model_state}, metrics)
 

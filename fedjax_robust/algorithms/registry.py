@@ -169,7 +169,8 @@ register_algorithm("fedavg_ft", _fedavg_family(
 register_algorithm("fedbn", _fedavg_family("fedbn", lambda o: {"keep_norm_local": True}), supports_client_attack=True,
                    supports_objective=True)
 register_algorithm(
-    "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec, ctx.objective), supports_objective=True,
+    "local", lambda ctx: make_local(ctx.model, ctx.client_opt, ctx.spec, ctx.objective, ctx.persist),
+    supports_objective=True,
     # trains_all: all K clients train every round (FedCAP spec §3); False: the sampled cohort only
     options={"trains_all": True}, aggregates=False,
     full_cohort=lambda config: bool(config.algorithm.local.get("trains_all", True)))
