@@ -15,6 +15,11 @@ e.g. the partition does not change the per-class subsample):
    ``train_ratio`` (1.0 with pool 'train' means no client test splits);
    ``client_split='source'`` (pool 'all') keeps the dataset's own per-sample split, e.g.
    the FedCHAR per-user 75/25 split of WISDM (FedCAP spec §4.1) or LEAF's FEMNIST split;
+   ``client_split='per_split'`` (pool 'train', a sampled partition: FedCAC spec §3.2) runs
+   the partition twice with the SAME seed, on the official train split with
+   ``partition.samples_per_client`` rows and on the official test split with
+   ``partition.test_samples_per_client`` rows, so each client's test rows follow its train
+   class mix (the class draw comes first in the stream);
 7. normalise (``normalize``) and stack into zero-padded ``[K, n_max, H, W, C]`` arrays.
 
 Client indices stored in the result index the pool (for ``'all'``, rows
@@ -38,7 +43,7 @@ from fedjax_robust.data.sources import RawDataset, load_raw
 from fedjax_robust.data.transforms import normalization_stats, normalize_images, normalize_mode
 
 POOLS = ("train", "all")
-CLIENT_SPLITS = ("random", "source")
+CLIENT_SPLITS = ("random", "source", "per_split")
 DIRICHLET_FORMS = ("per_class", "client_prior", "client_symmetric")
 PARTITION_NAMES = tuple(sorted(P.PARTITIONERS))
 
@@ -51,17 +56,22 @@ def default_data_config() -> ml_collections.ConfigDict:
   int), ``pool_size`` (None | int: uniform random subset of the pool before partitioning),
   ``max_samples_per_client`` (None | int), ``train_ratio``, ``client_split`` ('random' =
   seeded per-client split by ``train_ratio`` | 'source' = the dataset's own train/test
-  rows, pool 'all' only), ``normalize`` (True | False | 'half' | 'model': pixels stay in [0, 1] and the
+  rows, pool 'all' only | 'per_split' = the partition drawn again, same seed, on the official test split: FedCAC's
+  pathological_sampled / dirichlet_sampled, pool 'train' only), ``normalize`` (True | False | 'half' | 'model':
+  pixels stay in [0, 1] and the
   experiment puts the dataset's mean/std inside the model, for adversarial training), and ``partition``:
   ``name`` (iid | shards | pat | dirichlet | dirichlet_client | quantity_skew | sigma |
-  natural | group), ``alpha``, ``classes_per_client``
+  natural | group | pathological_sampled | dirichlet_sampled), ``alpha``, ``classes_per_client``
   (also shards per client for 'shards'), ``min_size``, ``form`` (dirichlet: 'per_class'
   = Dir(alpha 1_K) per class; 'client_prior' = q_k ~ Dir(alpha p); 'client_symmetric'
   = q_k ~ Dir(alpha 1_C)), ``balance`` (pat). Optional extra partition fields read if
   present: ``sigma`` (for 'sigma', and log-normal quantity skew), ``dist``
   ('dirichlet' | 'lognormal' for quantity_skew), ``max_tries`` (dirichlet redraws),
   ``dominant_fraction`` and ``class_groups`` (group: FedCAP's EMNIST partition, spec §4.1), ``cap_at_mean``
-  (dirichlet per_class: a client holding N/K samples gets no share of later classes, NIID-Bench's balance cap).
+  (dirichlet per_class: a client holding N/K samples gets no share of later classes, NIID-Bench's balance cap),
+  ``samples_per_client`` and ``test_samples_per_client`` (pathological_sampled / dirichlet_sampled: rows drawn
+  per client from the train pool and, with client_split='per_split', from the official test split; FedCAC spec
+  §3.2: 500 and 100).
 
   Optional fields are typed placeholders and ``normalize`` an ``object`` field, so
   command-line overrides (``--config.data.samples_per_class=600``,
@@ -111,8 +121,12 @@ def stage_seed(seed: int, stage: str) -> int:
 
 
 def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None, seed: int,
-                          groups: np.ndarray | None = None) -> tuple[list[np.ndarray], dict]:
-  """Runs the partition described by ``pcfg``; returns the index lists and the params used."""
+                          groups: np.ndarray | None = None, num_classes: int | None = None,
+                          samples_per_client: int | None = None) -> tuple[list[np.ndarray], dict]:
+  """Runs the partition described by ``pcfg``; returns the index lists and the params used.
+
+  ``num_classes`` (the dataset's) and ``samples_per_client`` (replacing ``pcfg.samples_per_client``, e.g. the test
+  split's count) are read by the sampled partitions only."""
   d = default_data_config().partition
   name = _get(pcfg, "name", d.name)
   alpha = float(_get(pcfg, "alpha", d.alpha))
@@ -152,6 +166,13 @@ def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None
     params = {"sigma": float(sigma), "classes_per_client": cpc, "min_size": min_size}
   elif name == "natural":
     params = {"groups": groups, "min_size": max(1, min_size)}
+  elif name in P.SAMPLED_PARTITIONS:
+    m = samples_per_client if samples_per_client is not None else _get(pcfg, "samples_per_client")
+    params = {"samples_per_client": None if m is None else int(m), "num_classes": num_classes}
+    if name == "pathological_sampled":
+      params["classes_per_client"] = cpc
+    else:
+      params["alpha"] = alpha
   elif name == "group":
     params = {"dominant_fraction": float(_get(pcfg, "dominant_fraction", 0.8))}
     if _get(pcfg, "class_groups") is not None:
@@ -198,6 +219,12 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
   if client_split == "source" and pool != "all":
     raise ValueError("client_split='source' keeps the dataset's own train/test rows per client, so it needs "
                      f"pool='all' (got pool={pool!r})")
+  pname = _get(g("partition"), "name", d.partition.name)
+  if client_split == "per_split" and (pool != "train" or pname not in P.SAMPLED_PARTITIONS):
+    raise ValueError("client_split='per_split' draws each client's train rows from the official train split and its "
+                     "test rows from the official test split with the same sampled partition, so it needs "
+                     f"pool='train' and partition.name in {list(P.SAMPLED_PARTITIONS)} (got pool={pool!r}, "
+                     f"partition {pname!r})")
   if ratio == 1.0 and pool == "all" and client_split == "random":
     raise ValueError("train_ratio=1.0 with pool='all' leaves no global test set")
   if not (0.0 < ratio < 1.0 or ratio == 1.0):
@@ -231,12 +258,21 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
     candidates = np.sort(rng.choice(candidates, pool_size, replace=False))
   parts, used = partition_from_config(
       g("partition"), pool_y[candidates], num_clients, stage_seed(seed, "partition"),
-      groups=None if groups is None else groups[candidates])
+      groups=None if groups is None else groups[candidates], num_classes=spec.num_classes)
   parts = [candidates[p] for p in parts]
   cap = g("max_samples_per_client")
   if cap is not None:
     parts = P.cap_samples_per_client(parts, int(cap), stage_seed(seed, "cap"))
-  if client_split == "source":
+  test_x, test_y = pool_x, pool_y  # where the clients' test indices point
+  if client_split == "per_split":  # FedCAC spec §3.2: the same procedure and seed on the official test split
+    train_idx = parts
+    test_m = _get(g("partition"), "test_samples_per_client")
+    test_idx, test_used = partition_from_config(
+        g("partition"), raw.y_test, num_clients, stage_seed(seed, "partition"), num_classes=spec.num_classes,
+        samples_per_client=None if test_m is None else int(test_m))
+    used["test_samples_per_client"] = test_used["samples_per_client"]
+    test_x, test_y = raw.x_test, raw.y_test
+  elif client_split == "source":
     train_idx = [p[p < n_official_train] for p in parts]
     test_idx = [p[p >= n_official_train] for p in parts]
     empty = [k for k, t in enumerate(train_idx) if len(t) == 0]
@@ -249,14 +285,14 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
     train_idx = [rng.permutation(p) for p in parts]
     test_idx = [np.zeros(0, np.int64) for _ in parts]
 
-  def gather(index_lists):
-    xs = [normalize_images(pool_x[i], spec, mode) for i in index_lists]
+  def gather(index_lists, source_x, source_y):
+    xs = [normalize_images(source_x[i], spec, mode) for i in index_lists]
     x, n = stack_padded(xs, np.float32)
-    y, _ = stack_padded([pool_y[i].astype(np.int32) for i in index_lists], np.int32)
+    y, _ = stack_padded([source_y[i].astype(np.int32) for i in index_lists], np.int32)
     return x, y, n
 
-  x_train, y_train, n_train = gather(train_idx)
-  x_test, y_test, n_test = gather(test_idx)
+  x_train, y_train, n_train = gather(train_idx, pool_x, pool_y)
+  x_test, y_test, n_test = gather(test_idx, test_x, test_y)
   if pool == "train":
     x_global = normalize_images(raw.x_test, spec, mode)
     y_global = raw.y_test.astype(np.int32)
@@ -275,7 +311,9 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
       "seed": seed,
       "pool": pool,
       "pool_size": int(len(pool_y)),
-      "pool_indexing": ("indices index the official train split" if pool == "train" else
+      "pool_indexing": ("train indices index the official train split, test indices the official test split"
+                        if client_split == "per_split" else
+                        "indices index the official train split" if pool == "train" else
                         f"indices index concat(train, test); rows >= {n_official_train} are "
                         "official test rows"),
       "raw_sizes": {"train": int(n_official_train), "test": int(len(raw.y_test))},

@@ -6,7 +6,10 @@ set of indices per client, and any ordering (shuffling before the train/test spl
 batching) is the job of later steps, which are seeded separately. Partitions are
 disjoint; ``iid``, ``shards``, ``pat``, ``dirichlet`` and ``dirichlet_client`` (with
 default sizes) also cover the whole pool. All randomness comes from
-``np.random.default_rng(seed)``, so a seed fully determines the result.
+``np.random.default_rng(seed)``, so a seed fully determines the result. The exceptions
+are FedCAC's ``pathological_sampled`` / ``dirichlet_sampled`` (specs/fedcac.md §3.2):
+they draw each client's rows independently (clients may share rows, a list may repeat
+a row) from a legacy ``RandomState(seed)`` stream, exactly as the reference code does.
 
 Why several Dirichlet forms: papers disagree on what "Dir(alpha)" means (see the
 FedCAC spec, A14): the per-class form (FedCC / PFLlib ``dir``: for each class,
@@ -319,6 +322,94 @@ def dirichlet_client(labels, num_clients: int, seed: int, alpha: float = 0.5,
   return _finish(buckets)
 
 
+# ----------------------------------------------------------------------------- FedCAC's sampled partitions
+#
+# FedCAC's reference code (Fling's sampling functions, specs/fedcac.md §3.2): every client's samples are DRAWN
+# from the pool independently of the other clients (two clients may share an image, a small class is sampled with
+# replacement), so the result is not a disjoint partition and need not cover the pool. Each client gets exactly
+# ``samples_per_client`` rows. The randomness is a legacy ``np.random.RandomState(seed)`` stream, consumed exactly
+# as the spec describes, and the per-client class mix is drawn FIRST in that stream: running the same procedure
+# with the same seed on the test split (``samples_per_client`` = 100 instead of 500) gives every client the same
+# classes / the same q_i for its test rows (``data.client_split='per_split'``, builder.py).
+
+SAMPLED_PARTITIONS = ("pathological_sampled", "dirichlet_sampled")
+
+
+def _sampled_setup(labels, num_clients: int, samples_per_client: int | None,
+                   num_classes: int | None) -> tuple[np.ndarray, int, int, list[np.ndarray]]:
+  labels = _as_labels(labels, num_clients)
+  n_cls = _num_classes(labels, num_classes)
+  m = labels.size // num_clients if samples_per_client is None else samples_per_client
+  if int(m) != m or m < 1:
+    raise ValueError(f"samples_per_client must be a positive integer, got {samples_per_client}")
+  pools = [np.flatnonzero(labels == c) for c in range(n_cls)]  # ascending pool order, as the reference lists them
+  return labels, n_cls, int(m), pools
+
+
+def _draw_class(rs: np.random.RandomState, pool: np.ndarray, count: int, cls: int) -> np.ndarray:
+  """``count`` rows of one class: without replacement unless the class has fewer rows (spec §3.2, A15). Called
+  even for ``count = 0``, which still consumes the stream (bit-exact with the reference)."""
+  if count > 0 and pool.size == 0:
+    raise ValueError(f"class {cls} has no sample in the pool but a client needs {count} of it")
+  return rs.choice(pool, count, replace=bool(count > pool.size))
+
+
+def pathological_sampled(labels, num_clients: int, seed: int, classes_per_client: int = 2,
+                         samples_per_client: int | None = None, num_classes: int | None = None) -> IndexList:
+  """FedCAC's pathological split (spec §3.2 "Pathological", A16): ``classes_per_client`` random classes per client.
+
+  1. ``rs = RandomState(seed)``; 2. for every client, ALL clients first: ``rs.choice(C, classes_per_client,
+  replace=False)`` (pairs may repeat across clients); 3. for every client, for each of its classes in the drawn
+  order: ``int(m / classes_per_client)`` rows of that class with ``rs.choice`` (250 train / 50 test for m = 500 /
+  100). ``samples_per_client`` = m (default: pool size // K). Rows are drawn per client independently: clients may
+  share rows.
+  """
+  labels, n_cls, m, pools = _sampled_setup(labels, num_clients, samples_per_client, num_classes)
+  if not 1 <= classes_per_client <= n_cls:
+    raise ValueError(f"classes_per_client={classes_per_client} must be in [1, num_classes={n_cls}]")
+  rs = np.random.RandomState(seed)
+  chosen = [rs.choice(n_cls, classes_per_client, replace=False) for _ in range(num_clients)]
+  per_class = m // classes_per_client
+  return _finish([np.concatenate([_draw_class(rs, pools[c], per_class, int(c)) for c in row]) for row in chosen])
+
+
+def dirichlet_counts(q: Sequence[float], m: int) -> np.ndarray:
+  """A client's class counts from its class mix ``q`` (spec §3.2 "Dirichlet", step 2): for ``j < C-1``
+  ``c_j = int(m q_j + 0.5)``, the last class takes ``m - s``; each count is clipped to ``[0, m - s]`` (``s`` = the
+  running total), so the counts sum to exactly ``m``."""
+  q = np.asarray(q, np.float64)
+  counts, s = np.zeros(len(q), np.int64), 0
+  for j in range(len(q)):
+    c = int(m * q[j] + 0.5) if j < len(q) - 1 else m - s
+    c = min(max(c, 0), m - s)
+    counts[j] = c
+    s += c
+  return counts
+
+
+def dirichlet_sampled(labels, num_clients: int, seed: int, alpha: float = 0.5,
+                      samples_per_client: int | None = None, num_classes: int | None = None) -> IndexList:
+  """FedCAC's Dirichlet split (spec §3.2 "Dirichlet", A14, A15): symmetric ``q_i ~ Dir(alpha 1_C)``, fixed sizes.
+
+  1. ``rs = RandomState(seed)``; ``q = rs.dirichlet([alpha] * C, size=K)`` (K x C, drawn before any row);
+  2. for every client i, for classes j = 0..C-1 in order: ``c_ij`` by :func:`dirichlet_counts` (the
+  ``int(m q + 0.5)`` rounding, the last class takes the rest), then ``c_ij`` rows of class j with ``rs.choice``
+  (without replacement unless the class has fewer rows; also called for ``c_ij = 0``). Every client ends with
+  exactly m = ``samples_per_client`` rows (default: pool size // K); clients may share rows.
+  """
+  labels, n_cls, m, pools = _sampled_setup(labels, num_clients, samples_per_client, num_classes)
+  _check_alpha(alpha)
+  rs = np.random.RandomState(seed)
+  q = rs.dirichlet([float(alpha)] * n_cls, size=num_clients)
+  if not np.isfinite(q).all():
+    raise ValueError(f"Dir(alpha={alpha}) underflowed to NaN for some client (alpha too small for float64)")
+  buckets = []
+  for i in range(num_clients):
+    counts = dirichlet_counts(q[i], m)
+    buckets.append(np.concatenate([_draw_class(rs, pools[j], int(counts[j]), j) for j in range(n_cls)]))
+  return _finish(buckets)
+
+
 # ----------------------------------------------------------------------------- quantity skew
 
 
@@ -512,6 +603,8 @@ PARTITIONERS: dict[str, Callable[..., IndexList]] = {
     "sigma": sigma_label_skew,
     "natural": natural,
     "group": group,
+    "pathological_sampled": pathological_sampled,
+    "dirichlet_sampled": dirichlet_sampled,
 }
 
 

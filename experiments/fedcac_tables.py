@@ -1,0 +1,499 @@
+"""FedCAC: Table 1 (pathological), Table 2 (Dirichlet) and Table 3 (non-critical parameters: All vs As Critical),
+specs/fedcac.md §4; issue 32 §4.
+
+Every cell is ``experiments/configs/fedcac_<dataset>.py:<partition>,<method>`` (the setting:
+experiments/configs/fedcac_setting.py) run at ``--seeds`` (default 0,1,2,3,4: ONE vmapped program per cell; each
+seed draws its own partition and initial model, spec §3.5). Cells are keyed ``<dataset>__<partition>__<method>``
+(``cifar10__pathological__fedcac``, ``cifar100__dir0.1__fedbn``, ``cifar10__dir0.1__fedcac_as_critical``).
+
+A cell's number (spec §3.6, A9, A24): per seed, the BEST round's ``client_acc_mean`` (the uniform mean over the 40
+clients of each client's accuracy on its own 100 test rows, the method's model after aggregation), in %, taken from
+the per-round series (evaluated every ``--eval_every`` rounds, default every round); the table shows the mean ± std
+(ddof 0) of those per-seed bests beside the paper's mean ± std. Cells also keep each seed's last evaluated value
+(``final``), the best round, FedCAC's best before-aggregation value (``before_aggregation``), the per-round curves
+(``curves``), the config, seeds, command, commit, device and wall time (``grid.run_cells``).
+
+  python experiments/fedcac_tables.py --data_dir ../shared/data --mode table1 --datasets cifar10,cifar100  # 2 x 7
+  python experiments/fedcac_tables.py --data_dir ../shared/data --mode table2 --datasets cifar10,cifar100  # 6 x 7
+  python experiments/fedcac_tables.py --data_dir ../shared/data --mode table3 --datasets cifar10,cifar100  # 2 x 2
+  python experiments/fedcac_tables.py --data_dir ../shared/data --mode table1 --datasets cifar10 \\
+      --methods fedcac,fedavg --rounds 2 --epochs 1 --seeds 0,1 --set data.num_clients=4   # a reduced CPU run
+  python experiments/fedcac_tables.py --mode table1 --from_json experiments/results/fedcac_<...>.json
+
+A seeds program is one compiled run and cannot checkpoint (fedjax_robust/run.py). Where a cell's five seeds do not
+fit in one command, ``--one_seed_per_cell`` runs each seed of ``--seeds`` as its own plain run keyed
+``<cell>__seed<k>`` (``seed``, ``data.seed``, ``attack.seed`` = k, as in the seeds program), which
+``--checkpoint_every N --resume`` can continue across commands; the tables merge a key's ``__seed<k>`` cells into one
+mean ± std (a stored seeds cell of the same key wins).
+
+``--rounds`` / ``--epochs`` default to the paper's 500 x 5 (spec §1.2); giving them reduces every cell (spec: 300
+rounds is acceptable for quick runs), and so do ``--set`` overrides of the clients, their rows or the evaluation
+period: the stored cells say so (``protocol``), the tables mark such cells with ``*`` and list the reductions.
+Tiny-ImageNet has no offline copy here: its columns read "not run" until ``--datasets tiny_imagenet`` runs with a
+``--data_dir`` that holds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments import grid  # noqa: E402
+
+DATASETS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "tiny_imagenet": "Tiny-ImageNet"}
+OFFLINE = ("cifar10", "cifar100")  # in ../shared/data; Tiny-ImageNet is not
+DATA_NAMES = {"cifar10": "cifar10", "cifar100": "cifar100", "tiny_imagenet": "tiny_imagenet"}  # data.name -> ours
+# Rows of Tables 1-2, in the paper's order; fedcac_as_critical is Table 3's second row.
+METHODS = {"fedavg": "FedAvg", "local": "Separate", "fedamp": "FedAMP", "fedrep": "FedRep", "fedbn": "FedBN",
+           "fedper": "FedPer", "fedcac": "FedCAC"}
+BASELINES = ("fedavg", "local", "fedamp", "fedrep", "fedbn", "fedper")
+TABLE3_METHODS = {"fedcac": "All (FedCAC)", "fedcac_as_critical": "As Critical"}
+ALPHAS = {"cifar10": (0.1, 0.5, 1.0), "cifar100": (0.01, 0.1, 0.5), "tiny_imagenet": (0.01, 0.1, 0.5)}
+TABLE3_ALPHA = 0.1
+PAPER_ROUNDS, PAPER_EPOCHS = 500, 5
+TOLERANCE = 3.0  # spec §4: FedCAC "within about two reported standard deviations (≈ ±2-3 points)"
+
+# ------------------------------------------------------------------------------------------ the paper's numbers
+# specs/fedcac.md §4, verbatim (accuracy %, mean ± std over 5 runs, best round), all in one place.
+# Table 1, pathological: method -> ((mean, std) CIFAR-10, CIFAR-100, Tiny-ImageNet).
+PAPER_TABLE1 = {
+    "fedavg": ((54.33, 3.03), (25.68, 1.31), (17.93, 2.81)),
+    "local": ((85.85, 0.93), (88.97, 1.10), (86.43, 1.08)),
+    "fedamp": ((88.88, 0.83), (91.80, 0.61), (88.23, 0.52)),
+    "fedrep": ((87.10, 0.91), (90.25, 0.60), (87.22, 0.94)),
+    "fedbn": ((87.02, 1.41), (91.74, 0.62), (89.41, 0.32)),
+    "fedper": ((87.51, 0.95), (90.33, 0.60), (87.17, 1.10)),
+    "fedcac": ((89.77, 1.14), (93.05, 0.90), (90.36, 0.75)),
+}
+# Table 2, Dirichlet: method -> (mean, std) at C10 α 0.1, 0.5, 1.0, C100 α 0.01, 0.1, 0.5, Tiny α 0.01, 0.1, 0.5.
+PAPER_TABLE2 = {
+    "fedavg": ((54.36, 2.73), (60.41, 1.36), (60.91, 0.72), (27.83, 3.03), (34.16, 0.70), (32.78, 0.23),
+               (20.56, 0.25), (21.26, 1.28), (20.32, 0.91)),
+    "local": ((81.45, 1.60), (60.15, 0.86), (52.24, 0.41), (82.91, 0.96), (45.57, 0.90), (22.65, 0.51),
+              (64.47, 3.11), (24.07, 0.62), (8.75, 0.30)),
+    "fedamp": ((84.99, 1.82), (68.26, 0.79), (64.87, 0.95), (85.11, 1.15), (46.68, 1.06), (24.74, 0.58),
+               (69.86, 2.03), (27.85, 0.71), (10.70, 0.32)),
+    "fedrep": ((84.59, 1.58), (67.69, 0.86), (60.52, 0.72), (84.40, 1.43), (51.25, 1.37), (26.97, 0.33),
+               (70.45, 1.11), (30.83, 1.05), (12.14, 0.28)),
+    "fedbn": ((83.55, 2.32), (66.79, 1.08), (62.20, 0.67), (85.43, 0.87), (54.35, 0.63), (36.94, 0.94),
+              (73.90, 1.45), (33.34, 0.71), (19.61, 0.35)),
+    "fedper": ((84.43, 0.47), (68.80, 0.49), (64.92, 0.66), (83.35, 0.78), (51.38, 0.94), (28.25, 1.03),
+               (72.63, 0.78), (32.33, 0.31), (12.69, 0.42)),
+    "fedcac": ((86.82, 1.18), (69.83, 0.46), (65.39, 0.51), (86.58, 0.85), (57.22, 1.52), (38.64, 0.63),
+               (75.76, 1.21), (40.19, 1.20), (23.70, 0.28)),
+}
+# Table 3, Dirichlet α = 0.1: method -> ((mean, std) CIFAR-10, CIFAR-100, Tiny-ImageNet).
+PAPER_TABLE3 = {
+    "fedcac": ((86.82, 1.18), (57.22, 1.52), (40.19, 1.20)),
+    "fedcac_as_critical": ((85.42, 1.39), (55.15, 1.10), (37.97, 0.63)),
+}
+TABLE2_COLUMNS = [(d, a) for d in DATASETS for a in ALPHAS[d]]
+
+
+def partition_name(alpha: float | None) -> str:
+  """``None`` -> ``pathological``; ``0.1`` -> ``dir0.1`` (the config argument's partition)."""
+  return "pathological" if alpha is None else f"dir{alpha:g}"
+
+
+def paper_value(dataset: str, partition: str, method: str) -> tuple[float, float] | None:
+  """The paper's (mean, std) of a cell, or None where the paper has no such number."""
+  col = list(DATASETS).index(dataset)
+  if partition == "pathological":
+    row = PAPER_TABLE1.get(method)
+    return None if row is None else row[col]
+  alpha = float(partition[3:])
+  if method == "fedcac_as_critical":
+    return PAPER_TABLE3[method][col] if alpha == TABLE3_ALPHA else None
+  row = PAPER_TABLE2.get(method)
+  if row is None or (dataset, alpha) not in TABLE2_COLUMNS:
+    return None
+  return row[TABLE2_COLUMNS.index((dataset, alpha))]
+
+
+# ------------------------------------------------------------------------------------------ cells
+def cell_key(dataset: str, partition: str, method: str, seed: int | None = None) -> str:
+  """``<dataset>__<partition>__<method>``; a one-seed cell (``--one_seed_per_cell``) adds ``__seed<k>``."""
+  return f"{dataset}__{partition}__{method}" + ("" if seed is None else f"__seed{seed}")
+
+
+def lookup(results: dict, dataset: str, partition: str, method: str) -> dict | None:
+  """The cell a table shows: the seeds cell if stored, else the ``__seed<k>`` cells of that key merged
+  (:func:`merge_seed_cells`), else None."""
+  key = cell_key(dataset, partition, method)
+  if key in results:
+    return results[key]
+  singles = sorted((k for k in results if k.startswith(key + "__seed")), key=lambda k: int(k.rsplit("seed", 1)[1]))
+  return merge_seed_cells([results[k] for k in singles]) if singles else None
+
+
+def merge_seed_cells(cells: list[dict]) -> dict:
+  """One-seed cells of one setting and method as a seeds cell: each numeric field's mean and std (ddof 0) over them
+  (``value``, ``value_std``, ``value_values``, ...), the seeds, the protocol (reduced if any was, every reduction
+  listed), the summed wall time and the devices."""
+  import numpy as np
+  merged: dict = {"seeds": [int(c.get("config", {}).get("seed", i)) for i, c in enumerate(cells)]}
+  for field in ("value", "final", "best_round", "before_aggregation"):
+    values = [c[field] for c in cells if field in c]
+    if len(values) == len(cells):
+      merged[field], merged[f"{field}_std"], merged[f"{field}_values"] = (float(np.mean(values)),
+                                                                          float(np.std(values)), values)
+  protocols = [_protocol_of(c) for c in cells]
+  merged["protocol"] = {**protocols[0], "reduced": any(p["reduced"] for p in protocols),
+                        "reductions": list(dict.fromkeys(r for p in protocols for r in p["reductions"]))}
+  merged["wall_s"] = sum(float(c.get("run_wall_time_s", c.get("wall_s", 0.0))) for c in cells)
+  merged["device_kind"] = ", ".join(sorted({str(c.get("device_kind") or c.get("backend")) for c in cells}))
+  return merged
+
+
+def setting():
+  from fedjax_robust.config_files import load_module
+  return load_module(Path(__file__).resolve().parent / "configs" / "fedcac_setting.py")
+
+
+def cell_config(dataset: str, partition: str, method: str, args, seed: int | None = None):
+  """One cell's config: the dataset's FedCAC setting for ``<partition>,<method>``, the grid-wide flags applied,
+  rounds / local epochs the paper's (500 x 5) unless ``--rounds`` / ``--epochs`` reduce them, evaluated every
+  ``--eval_every`` rounds (default 1: the best round of the whole series); ``--set`` overrides win over all of it.
+  ``seed``: a one-seed cell (a plain run, so checkpoints work): ``seed``, ``data.seed`` and ``attack.seed`` set to
+  it, as the seeds program sets each of its seeds (``seed_fields``)."""
+  from fedjax_robust.config_files import load_module
+  root = Path(__file__).resolve().parent
+  config = load_module(root / "configs" / f"fedcac_{dataset}.py").get_config(f"{partition},{method}")
+  rounds, epochs = config.rounds, config.client.epochs
+  config = grid.apply_run_args(config, args)
+  config.rounds = args.rounds or rounds
+  config.client.epochs = args.epochs or epochs
+  config.eval_every = int(getattr(args, "eval_every", 1) or 1)
+  if seed is not None:
+    config.seeds = ""
+    for field in str(config.seed_fields).split(","):
+      *path, leaf = field.strip().split(".")
+      node = config
+      for part in path:
+        node = node[part]
+      node[leaf] = int(seed)
+  grid.apply_overrides(config, args.set)  # again: an explicit --set wins over the lines above
+  return config
+
+
+def protocol(config) -> dict:
+  """What a cell ran against the paper's setting (spec §1.2, §3): a ``reductions`` list, empty for a full cell."""
+  s = setting()
+  cfg = config if isinstance(config, dict) else json.loads(config.to_json_best_effort())
+  data, part = cfg["data"], cfg["data"]["partition"]
+  rounds, epochs, every = int(cfg["rounds"]), int(cfg["client"]["epochs"]), int(cfg.get("eval_every", 1))
+  clients = int(data["num_clients"])
+  m_train, m_test = part.get("samples_per_client"), part.get("test_samples_per_client")
+  reductions = []
+  if rounds != PAPER_ROUNDS:
+    reductions.append(f"{rounds} rounds (paper {PAPER_ROUNDS})")
+  if epochs != PAPER_EPOCHS:
+    reductions.append(f"E = {epochs} (paper {PAPER_EPOCHS})")
+  if clients != s.NUM_CLIENTS:
+    reductions.append(f"{clients} clients (paper {s.NUM_CLIENTS})")
+  if (m_train, m_test) != (s.TRAIN_PER_CLIENT, s.TEST_PER_CLIENT):
+    reductions.append(f"{m_train} / {m_test} train / test rows per client (paper {s.TRAIN_PER_CLIENT} / "
+                      f"{s.TEST_PER_CLIENT})")
+  if every != 1:
+    reductions.append(f"evaluated every {every} rounds (the best of those, not of every round)")
+  return {"dataset": DATA_NAMES[data["name"]], "rounds": rounds, "paper_rounds": PAPER_ROUNDS, "epochs": epochs,
+          "paper_epochs": PAPER_EPOCHS, "num_clients": clients, "samples_per_client": [m_train, m_test],
+          "eval_every": every, "reduced": bool(reductions), "reductions": reductions}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+  return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _best(rows: list[dict], key: str) -> tuple[float, int] | None:
+  """``(best value in %, its round)`` over the rounds that logged a finite ``key`` (the first round on ties)."""
+  logged = [(100.0 * float(r[key]), int(r["round"])) for r in rows
+            if key in r and r[key] is not None and math.isfinite(float(r[key]))]
+  if not logged:
+    return None
+  best = max(v for v, _ in logged)
+  return best, next(t for v, t in logged if v == best)
+
+
+def record_rows(rows: list[dict], config) -> dict:
+  """A run's cell fields from its metrics.jsonl records: ``value`` = the best round's ``client_acc_mean`` (%),
+  ``best_round``, ``final`` (the last evaluated round's), ``before_aggregation`` (FedCAC's best
+  ``before_aggregation_client_acc_mean``, when logged), ``curves`` (every evaluated round's values, fractions) and
+  ``protocol``."""
+  best = _best(rows, "client_acc_mean")
+  if best is None:
+    raise KeyError("the run logged no client_acc_mean (clients need test rows: data.client_split='per_split')")
+  evaluated = [r for r in rows if "client_acc_mean" in r]
+  cell = {"value": best[0], "best_round": best[1], "final": 100.0 * float(evaluated[-1]["client_acc_mean"])}
+  before = _best(rows, "before_aggregation_client_acc_mean")
+  if before is not None:
+    cell["before_aggregation"] = before[0]
+  keys = ("client_acc_mean", "before_aggregation_client_acc_mean")  # (grid keeps global_test_acc_per_round)
+  cell["curves"] = {"round": [int(r["round"]) for r in evaluated],
+                    **{k: [r.get(k) for r in evaluated] for k in keys if any(k in r for r in evaluated)}}
+  cell["protocol"] = protocol(config)
+  return cell
+
+
+def record(summary, run_dir, config) -> dict:
+  return record_rows(read_metrics(run_dir), config)
+
+
+def hoist_protocol(cell: dict) -> dict:
+  """A seeds cell keeps ``record``'s non-numeric fields per seed (``grid._seed_cells``); lift ``protocol`` (the same
+  for every seed) to the cell, so the stored cell itself says what it ran."""
+  per_seed = list(cell.get("per_seed", {}).values())
+  if per_seed and "protocol" not in cell and all(r.get("protocol") == per_seed[0].get("protocol") for r in per_seed):
+    cell["protocol"] = per_seed[0].get("protocol")
+  return cell
+
+
+def cells_of(mode: str, datasets, methods=None, partitions=None) -> list[tuple[str, str, str]]:
+  """``(dataset, partition, method)`` of every cell of ``mode``; ``methods`` / ``partitions`` filter (None = all the
+  table's)."""
+  out = []
+  for d in datasets:
+    if mode == "table1":
+      parts, ms = ["pathological"], list(METHODS)
+    elif mode == "table2":
+      parts, ms = [partition_name(a) for a in ALPHAS[d]], list(METHODS)
+    elif mode == "table3":
+      parts, ms = [partition_name(TABLE3_ALPHA)], list(TABLE3_METHODS)
+    else:
+      raise ValueError(f"unknown mode {mode!r}")
+    out += [(d, p, m) for p in parts if not partitions or p in partitions
+            for m in ms if not methods or m in methods]
+  return out
+
+
+# ------------------------------------------------------------------------------------------ tables
+def n_seeds(cell: dict) -> int:
+  return len(cell.get("seeds") or [None])
+
+
+def _protocol_of(cell: dict) -> dict:
+  found = cell.get("protocol") or next(iter(cell.get("per_seed", {}).values()), {}).get("protocol")
+  return found or protocol(cell["config"])
+
+
+def ours(cell: dict | None, field: str = "value") -> str:
+  """``mean ± std`` over seeds (one seed: the value alone), ``*`` when the cell is reduced; ``not run``."""
+  if cell is None or field not in cell:
+    return "not run"
+  std = cell.get(f"{field}_std") if n_seeds(cell) > 1 else None
+  text = f"{cell[field]:.2f}" + ("" if std is None else f" ± {std:.2f}")
+  return text + ("*" if _protocol_of(cell)["reduced"] else "")
+
+
+def _paper(pair) -> str:
+  return "—" if pair is None else f"{pair[0]:.2f} ± {pair[1]:.2f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+  return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def setup_note(cells: list[dict], columns: list[tuple[str, str]]) -> str:
+  """Which runs the table's cells are: rounds / epochs / seeds / evaluation, reductions (``*``), devices, wall time,
+  and which columns have not run."""
+  runs, reduced = {}, {}
+  for cell in cells:
+    p = _protocol_of(cell)
+    runs[f"{p['rounds']} rounds x E = {p['epochs']}, {p['num_clients']} clients, {n_seeds(cell)} seed(s), "
+         f"evaluated every {p['eval_every']} round(s)"] = None
+    for r in p["reductions"]:
+      reduced[r] = None
+  devices = sorted({str(c.get("device_kind") or c.get("backend")) for c in cells if c.get("device_kind")
+                    or c.get("backend")})
+  wall = sum(float(c.get("run_wall_time_s", c.get("wall_s", 0.0))) for c in cells)
+  lines = ["Cells ran with: " + "; ".join(runs) + "."]
+  if reduced:
+    lines.append("`*` = REDUCED from the paper's protocol (500 rounds x E = 5, 40 clients, 500 / 100 rows, every "
+                 "round evaluated): " + "; ".join(reduced) + ".")
+  lines.append("Ours: best round's uniform mean client accuracy (after aggregation), mean ± std (ddof 0) over "
+               "seeds; paper: mean ± std over 5 runs." + (f" Devices: {', '.join(devices)}." if devices else "")
+               + (f" Wall time of these cells: {wall / 3600:.2f} h." if wall else ""))
+  missing = [d for d in DATASETS if any(c[0] == d for c in columns) and not any(
+      _protocol_of(c)["dataset"] == d for c in cells)]
+  if missing:
+    why = {d: " (no offline copy here; the loader is ready)" if d not in OFFLINE else "" for d in missing}
+    lines.append("Not run: " + ", ".join(f"{DATASETS[d]}{why[d]}" for d in missing) + ".")
+  return " ".join(lines)
+
+
+def _column_label(dataset: str, partition: str) -> str:
+  return DATASETS[dataset] if partition == "pathological" else f"{DATASETS[dataset]} α={float(partition[3:])}"
+
+
+def render(results: dict, title: str, columns: list[tuple[str, str]], methods: dict, acceptance_fn) -> str:
+  rows = []
+  for m, label in methods.items():
+    rows.append([label] + [f"{ours(lookup(results, d, p, m))} / {_paper(paper_value(d, p, m))}"
+                           for d, p in columns])
+  if any("before_aggregation" in (lookup(results, d, p, "fedcac") or {}) for d, p in columns):
+    rows.append(["FedCAC, before aggregation (ours only)"]
+                + [f"{ours(lookup(results, d, p, 'fedcac'), 'before_aggregation')} / —" for d, p in columns])
+  cells = [c for c in (lookup(results, d, p, m) for d, p in columns for m in methods) if c is not None]
+  return "\n".join([f"**{title}** (accuracy %, ours / paper)", "",
+                    *_table(["Method"] + [f"{_column_label(d, p)}" for d, p in columns], rows), "",
+                    setup_note(cells, columns) if cells else "No cell has run yet.", "",
+                    acceptance_fn(results, columns), ""])
+
+
+def table1(results: dict) -> str:
+  return render(results, "Table 1 — pathological non-IID (2 classes per client)",
+                [(d, "pathological") for d in DATASETS], METHODS, acceptance)
+
+
+def table2(results: dict) -> str:
+  return render(results, "Table 2 — Dirichlet non-IID", [(d, partition_name(a)) for d, a in TABLE2_COLUMNS],
+                METHODS, acceptance)
+
+
+def table3(results: dict) -> str:
+  return render(results, "Table 3 — collaboration on non-critical parameters (Dirichlet α = 0.1)",
+                [(d, partition_name(TABLE3_ALPHA)) for d in DATASETS], TABLE3_METHODS, acceptance_table3)
+
+
+# ------------------------------------------------------------------------------------------ acceptance (spec §4)
+def _mean(results: dict, dataset: str, partition: str, method: str, paper: bool) -> float | None:
+  if paper:
+    p = paper_value(dataset, partition, method)
+    return None if p is None else p[0]
+  cell = lookup(results, dataset, partition, method)
+  return None if cell is None or "value" not in cell else float(cell["value"])
+
+
+def _status(ok: bool | None) -> str:
+  return "not run" if ok is None else ("met" if ok else "NOT met")
+
+
+def acceptance_checks(results: dict, columns: list[tuple[str, str]], paper: bool = False) -> list[tuple]:
+  """Spec §4's targets over the settings ``columns`` as ``(target, met: True / False / None = not run, numbers)``,
+  from the cells present (``paper=True``: from the paper's own numbers)."""
+  mean = lambda d, p, m: _mean(results, d, p, m, paper)  # noqa: E731
+  label = lambda d, p: _column_label(d, p)  # noqa: E731
+  close, wins, above_avg = [], [], []
+  for d, p in columns:
+    cac = mean(d, p, "fedcac")
+    if cac is None:
+      continue
+    ref = paper_value(d, p, "fedcac")
+    if ref is not None and not paper:
+      close.append((label(d, p), abs(cac - ref[0]) <= TOLERANCE, f"{cac - ref[0]:+.2f}"))
+    base = {m: mean(d, p, m) for m in BASELINES}
+    ran = {m: v for m, v in base.items() if v is not None}
+    if ran:
+      best = max(ran, key=ran.get)
+      partial = "" if len(ran) == len(BASELINES) else f", {len(ran)} of {len(BASELINES)} baselines run"
+      wins.append((label(d, p), cac > ran[best], f"{cac:.2f} vs {METHODS[best]} {ran[best]:.2f}{partial}"))
+    if base["fedavg"] is not None:
+      above_avg.append((label(d, p), cac > base["fedavg"], f"{cac:.2f} vs {base['fedavg']:.2f}"))
+  n = len(columns)
+
+  def summary(items, rule) -> tuple[bool | None, str]:
+    if not items:
+      return None, f"0 of {n} settings run"
+    ok = rule(sum(1 for _, good, _ in items if good), len(items))
+    misses = [f"{where} ({numbers})" for where, good, numbers in items if not good]
+    good = sum(1 for _, g, _ in items if g)
+    text = f"{good} of {len(items)} settings" if paper else f"{good} of {len(items)} settings run ({n} in the table)"
+    return ok, text + (("; misses: " + "; ".join(misses)) if misses else "")
+
+  checks = []
+  if not paper:
+    checks.append((f"FedCAC within ±{TOLERANCE:g} points of the paper in every setting",
+                   *summary(close, lambda k, total: k == total)))
+  checks.append(("FedCAC above the best baseline in most settings", *summary(wins, lambda k, total: 2 * k > total)))
+  checks.append(("FedCAC above FedAvg in every setting", *summary(above_avg, lambda k, total: k == total)))
+  return checks
+
+
+def acceptance(results: dict, columns: list[tuple[str, str]]) -> str:
+  """The acceptance paragraph below Table 1 / 2: each target met / NOT met / not run, ours then the paper's."""
+  paper = {t: (ok, numbers) for t, ok, numbers in acceptance_checks(results, columns, paper=True)}
+  lines = ["Acceptance (spec §4; our means over seeds; the paper's own numbers after ';'):"]
+  for target, ok, numbers in acceptance_checks(results, columns):
+    p = paper.get(target)
+    theirs = f"; paper: {_status(p[0])} ({p[1]})" if p else ""
+    lines.append(f"- {target}: {_status(ok)} ({numbers}){theirs}.")
+  return "\n".join(lines)
+
+
+def acceptance_table3(results: dict, columns: list[tuple[str, str]]) -> str:
+  """Table 3's target: the "All" − "As Critical" gap has the paper's sign (positive, ≈ 1.4-2.2 points)."""
+  lines = ["Acceptance (spec §4: All − As Critical > 0, as the paper's +1.40 / +2.07 / +2.22):"]
+  for d, p in columns:
+    gap_paper = paper_value(d, p, "fedcac")[0] - paper_value(d, p, "fedcac_as_critical")[0]
+    a, b = _mean(results, d, p, "fedcac", False), _mean(results, d, p, "fedcac_as_critical", False)
+    if a is None or b is None:
+      lines.append(f"- {DATASETS[d]}: not run (paper {gap_paper:+.2f}).")
+    else:
+      lines.append(f"- {DATASETS[d]}: {_status(a - b > 0)} ({a - b:+.2f}; paper {gap_paper:+.2f}).")
+  return "\n".join(lines)
+
+
+TABLES = {"table1": table1, "table2": table2, "table3": table3}
+
+
+def table_from_json(path, mode: str) -> str:
+  return TABLES[mode](json.loads(Path(path).read_text()))
+
+
+def _names(value: str) -> list[str]:
+  return [v for v in value.replace(" ", "").split(",") if v]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--mode", choices=tuple(TABLES), default="table1")
+  parser.add_argument("--datasets", default=",".join(OFFLINE),
+                      help=f"comma-separated from {','.join(DATASETS)} (default: the offline ones)")
+  parser.add_argument("--methods", default="", help="comma-separated subset of the table's methods (default all: "
+                      f"{','.join(METHODS)}; table3 {','.join(TABLE3_METHODS)})")
+  parser.add_argument("--partitions", default="", help="comma-separated subset of the table's partitions "
+                      "(pathological, dir<alpha>; default all)")
+  parser.add_argument("--eval_every", type=int, default=1, help="evaluate every N rounds (default 1: spec §3.6)")
+  parser.add_argument("--one_seed_per_cell", action="store_true",
+                      help="run each of --seeds as its own plain run, keyed <cell>__seed<k> (the tables merge them): "
+                      "unlike the one vmapped seeds program, such cells can --checkpoint_every / --resume")
+  parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
+  grid.add_common_args(parser, "runs/fedcac")
+  parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2,3,4")
+  args = parser.parse_args()
+  if args.from_json:
+    print(table_from_json(args.from_json, args.mode), end="")
+    return
+  datasets, methods = _names(args.datasets), _names(args.methods)
+  bad = [d for d in datasets if d not in DATASETS] + [m for m in methods if m not in {**METHODS, **TABLE3_METHODS}]
+  if bad or not datasets:
+    parser.error(f"unknown or empty --datasets / --methods: {bad or datasets}")
+  logging.basicConfig(level=logging.WARNING)
+  chosen = cells_of(args.mode, datasets, methods or None, _names(args.partitions) or None)
+  if args.one_seed_per_cell:
+    seeds = [int(s) for s in _names(args.seeds)] or [args.seed]
+    cells = [(cell_key(*c, seed=s), cell_config(*c, args, seed=s), record) for c in chosen for s in seeds]
+  else:
+    cells = [(cell_key(*c), cell_config(*c, args), record) for c in chosen]
+  if not cells:
+    parser.error("no cell selected")
+  out, results_path, results = grid.open_results(args.out_dir, args.shard)
+  if not args.table_only:
+    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
+    for key, _, _ in cells:
+      if key in results:
+        hoist_protocol(results[key])
+    results_path.write_text(json.dumps(results, indent=1))
+  table = TABLES[args.mode](grid.merged_results(out))
+  (out / f"{args.mode}.md").write_text(table)
+  print(table)
+
+
+if __name__ == "__main__":
+  main()
