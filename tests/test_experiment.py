@@ -132,10 +132,11 @@ def load_config(name, *args):
 REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_mnist",
                      "cifar10_fedcap_setting": "cifar10_jpeg", "fedcap_cifar10": "cifar10_jpeg",
                      "fedcap_femnist": "femnist_leaf_partial", "fedcc_fmnist": "fashion_mnist",
-                     "fedcc_cifar10": "cifar10_jpeg"}
+                     "fedcc_cifar10": "cifar10_jpeg", "fedalc_mnist": "mnist", "fedalc_fmnist": "fashion_mnist"}
 # Loaded (not built: decoding CIFAR-100's PNGs takes minutes) in tests/test_fedcc_setup.py; and the shared
 # setting the FedCC files call.
-LOAD_ONLY_CONFIGS = {"fedcc_cifar100", "fedcc_setting"}
+LOAD_ONLY_CONFIGS = {"fedcc_cifar100", "fedcc_setting", "fedalc_setting", "fedalc_cifar10", "fedcac_setting",
+                     "fedcac_cifar10", "fedcac_cifar100", "fedcac_tiny_imagenet"}
 
 
 # Configs whose data is not available offline here: they must load and fail fast with a clear error.
@@ -215,6 +216,10 @@ def test_real_data_configs_build_on_the_shared_copies(name, shared_data, data_ca
   if name.startswith("fedcc_"):  # FedCC spec §4: 10 clients, 80% of each client's rows train, Dirichlet 0.2
     assert exp.algorithm.name == "fedavg" and exp.model.penultimate == "fc1"
     assert abs(exp.data.n_train.sum() / (exp.data.n_train.sum() + exp.data.n_test.sum()) - 0.8) < 0.01
+  if name.startswith("fedalc_"):  # FedALC spec §4: a 5,000-image subset over 10 clients, [0, 1] pixels
+    assert exp.data.n_train.sum() == 5000 and exp.data.n_test.sum() == 0 and exp.data.n_train.min() >= 10
+    assert exp.data.x_train.min() >= 0 and exp.data.x_train.max() <= 1
+    assert exp.simulator.evaluators == ("accuracy", "robust") and c.adversarial.objective == "fedalc"
   if name == "fedcap_cifar10":
     assert exp.algorithm.name == "fedcap" and exp.algorithm.eval_models == ("customized", "personalized")
     assert exp.malicious is None  # the default scenario is benign
@@ -489,3 +494,10 @@ def test_fedcap_drift_report_by_hand():
                           pool_valid=server.pool_valid)
   moved = pool_report(first, np.array([True, False, False]), alpha=10.0, phi=0.3)
   assert moved["w_ben_att_argmax"] == 2 and moved["w_ben_att_mean"] == pytest.approx(sharp["w_ben_att_mean"])
+
+
+@pytest.mark.parametrize("name", sorted(n for n in LOAD_ONLY_CONFIGS if not n.endswith("_setting")))
+def test_load_only_configs_load(name):
+  """Configs whose data or model is too slow to build here (CIFAR-100 PNGs, ResNets) still load and name them."""
+  c = load_config(name)
+  assert c.data.name in ("cifar10", "cifar100", "tiny_imagenet") and c.model.name
