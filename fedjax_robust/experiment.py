@@ -170,6 +170,26 @@ def _has_conv(params) -> bool:
   return any(leaf.ndim >= 4 for leaf in jax.tree.leaves(params))
 
 
+# model.input_stats: the mean/std a model applies to [0, 1] pixels under data.normalize='model'. "dataset": the
+# dataset's own; "imagenet": torchvision's, for ImageNet-pretrained weights (FedALC spec §4.1, Table II's ResNet-18).
+INPUT_STATS = {"dataset": None, "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
+
+
+def input_normalization(norm: dict, input_stats: str, channels: int):
+  """``(mean, std)`` the model applies first under ``data.normalize='model'`` (``norm``: the data's
+  ``info["normalize"]``), or ``None`` when the data arrive normalised; checks ``model.input_stats``."""
+  if input_stats not in INPUT_STATS:
+    raise ValueError(f"model.input_stats must be one of {tuple(INPUT_STATS)}, got {input_stats!r}")
+  if norm.get("mode") != "model":
+    if input_stats != "dataset":
+      raise ValueError(f"model.input_stats={input_stats!r} needs data.normalize='model' (the model normalises)")
+    return None
+  mean, std = INPUT_STATS[input_stats] or (norm["mean"], norm["std"])
+  if len(mean) != channels:
+    raise ValueError(f"model.input_stats={input_stats!r} has {len(mean)} channel statistics, the data {channels}")
+  return mean, std
+
+
 def resolve_unroll(value, backend: str, has_conv: bool) -> bool | int:
   """``auto``: fully unroll local steps on CPU for conv nets (XLA:CPU conv-in-loop trap, jax#12868)."""
   if value == "auto":
@@ -330,11 +350,13 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     clean = data
   model_cfg = config.model.to_dict()
   pretrained = model_cfg.pop("pretrained", None)  # a converted checkpoint (fedjax_robust/models/resnet.py)
+  input_stats = model_cfg.pop("input_stats", "dataset")  # data.normalize='model': whose mean/std the model applies
   module = get_model_from_config(model_cfg, data.num_classes)
   model = make_model(module)
   norm = data.info.get("normalize") or {}
-  if norm.get("mode") == "model":  # pixels stay in [0, 1]; the dataset's mean/std is the model's first layer
-    model = with_input_normalization(model, norm["mean"], norm["std"])
+  stats = input_normalization(norm, input_stats, int(data.feature_shape[-1]))
+  if stats is not None:  # pixels stay in [0, 1]; the dataset's (or ImageNet's) mean/std is the model's first layer
+    model = with_input_normalization(model, *stats)
   objective = objective_from_config(config.get("adversarial"))
   eval_cfg = config.get("eval", {})
   metrics_names = str(eval_cfg.get("metrics", "auto")).replace(" ", "").split(",")

@@ -129,3 +129,19 @@ def test_model_pretrained_loads_every_layer_but_the_head(tmp_path):
   loaded = build_experiment(c).params
   np.testing.assert_array_equal(loaded["fc1"]["kernel"], donor["params"]["fc1"]["kernel"])
   np.testing.assert_array_equal(loaded["head"]["kernel"], fresh["head"]["kernel"])
+
+
+def test_model_input_stats():
+  """``model.input_stats=imagenet``: an ImageNet-pretrained model normalises [0, 1] pixels with ImageNet's mean/std
+  (FedALC Table II); it needs the model-side normalisation and 3-channel data."""
+  from fedjax_robust.experiment import input_normalization
+  norm = {"mode": "model", "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.2, 0.2]}
+  assert input_normalization(norm, "dataset", 3) == ([0.5, 0.4, 0.3], [0.2, 0.2, 0.2])
+  assert input_normalization(norm, "imagenet", 3) == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+  assert input_normalization({"mode": "standard"}, "dataset", 3) is None
+  with pytest.raises(ValueError, match="channel"):
+    input_normalization({"mode": "model", "mean": [0.1], "std": [0.3]}, "imagenet", 1)
+  with pytest.raises(ValueError, match="needs data.normalize='model'"):
+    input_normalization({"mode": "standard"}, "imagenet", 3)
+  with pytest.raises(ValueError, match="input_stats must be one of"):
+    input_normalization(norm, "cifar", 3)

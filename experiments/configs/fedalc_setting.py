@@ -56,6 +56,8 @@ def get_config(dataset: str, arg: str = "fedalc"):
   c.data.partition.min_size = 10
   c.data.partition.cap_at_mean = True
   c.model.name = model
+  if dataset == "cifar10":  # the ResNet-18 is ImageNet-pretrained in the paper: ImageNet's mean/std inside the model
+    c.model.input_stats = "imagenet"
   c.client.epochs = epochs
   c.client.batch_size = 32
   c.client.optimizer = "adam"
