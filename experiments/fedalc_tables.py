@@ -416,16 +416,7 @@ def main():
   datasets = [d for d in args.datasets.replace(" ", "").split(",") if d]
   cells = [(cell_key(*c), cell_config(*c, args), record)
            for c in cells_of(args.mode, datasets, _floats(args.alphas), methods)]
-  out, results_path, results = grid.open_results(args.out_dir, args.shard)
-  if not args.table_only:
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
-    for key, _, _ in cells:
-      if key in results:
-        hoist_per_seed_fields(results[key])
-    results_path.write_text(json.dumps(results, indent=1))
-  table = TABLES[args.mode](grid.merged_results(out))
-  (out / f"{args.mode}.md").write_text(table)
-  print(table)
+  print(grid.run_and_tabulate(cells, args, TABLES[args.mode], hoist_per_seed_fields))
 
 
 if __name__ == "__main__":

@@ -483,16 +483,7 @@ def main():
     cells = [(cell_key(*c), cell_config(*c, args), record) for c in chosen]
   if not cells:
     parser.error("no cell selected")
-  out, results_path, results = grid.open_results(args.out_dir, args.shard)
-  if not args.table_only:
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
-    for key, _, _ in cells:
-      if key in results:
-        hoist_protocol(results[key])
-    results_path.write_text(json.dumps(results, indent=1))
-  table = TABLES[args.mode](grid.merged_results(out))
-  (out / f"{args.mode}.md").write_text(table)
-  print(table)
+  print(grid.run_and_tabulate(cells, args, TABLES[args.mode], hoist_protocol))
 
 
 if __name__ == "__main__":

@@ -225,12 +225,7 @@ def main():
   cells = [(cell_key(*c), cell_config(*c, args), record)
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),
                              pick(args.rules, RULES), pick(args.attacks, ATTACKS))]
-  out, results_path, results = grid.open_results(args.out_dir, args.shard)
-  if not args.table_only:
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
-  table = TABLES[args.mode](grid.merged_results(out))
-  (out / f"{args.mode}.md").write_text(table)
-  print(table)
+  print(grid.run_and_tabulate(cells, args, TABLES[args.mode]))
 
 
 if __name__ == "__main__":

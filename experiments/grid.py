@@ -223,3 +223,21 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
     print(f"{key:24s} {cell['value']:6.2f}{spread} ({parts}) {cell['wall_s']:.0f}s", flush=True)
     results_path.write_text(json.dumps(results, indent=1))
   return results
+
+
+def run_and_tabulate(cells, args, render: Callable[[dict], str], finish_cell: Callable[[dict], None] | None = None
+                     ) -> str:
+  """A table script's main job: runs ``cells`` into ``args.out_dir`` (unless ``--table_only``), lets
+  ``finish_cell`` reshape each new stored cell in place (then rewrites the results file), and renders the table of
+  every results file there with ``render``, written to ``<out_dir>/<args.mode>.md`` and returned."""
+  out, results_path, results = open_results(args.out_dir, args.shard)
+  if not args.table_only:
+    run_cells(cells, out, results_path, results, args.stop_after_s)
+    if finish_cell is not None:
+      for key, _, _ in cells:
+        if key in results:
+          finish_cell(results[key])
+      results_path.write_text(json.dumps(results, indent=1))
+  table = render(merged_results(out))
+  (out / f"{args.mode}.md").write_text(table)
+  return table
