@@ -38,6 +38,7 @@ from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.execution import default_strategy_name, make_strategy
+from fedjax_robust.metrics.evaluators import resolve_evaluators
 from fedjax_robust.models import as_model, get_model_from_config, make_model
 from fedjax_robust.models.interface import with_input_normalization
 from fedjax_robust.optim import optimizer_from_config
@@ -359,8 +360,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     model = with_input_normalization(model, *stats)
   objective = objective_from_config(config.get("adversarial"))
   eval_cfg = config.get("eval", {})
-  metrics_names = str(eval_cfg.get("metrics", "auto")).replace(" ", "").split(",")
-  robust_eval = robust_eval_from_config(eval_cfg.get("robust")) if "robust" in metrics_names else None
+  evaluators = resolve_evaluators(eval_cfg.get("metrics", "auto"), backdoor is not None)
+  robust_eval = robust_eval_from_config(eval_cfg.get("robust")) if "robust" in evaluators else None
   if (objective.adversarial or robust_eval is not None) and norm.get("mode") in ("standard", "half"):
     raise ValueError(f"adversarial training / robust evaluation perturb [0, 1] pixels (eps in pixel units), but "
                      f"data.normalize={config.data.normalize!r} normalises the inputs: set data.normalize='model' "
@@ -409,7 +410,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,
-                        evaluators=eval_cfg.get("metrics", "auto"), attack_data=attack_data,
+                        evaluators=evaluators, attack_data=attack_data,
                         eval_options={} if robust_eval is None else {"robust": robust_eval})
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
                     algorithm_with)

@@ -37,13 +37,13 @@ import jax.numpy as jnp
 import optax
 from flax import traverse_util
 
-from fedjax_robust.adversarial.objectives import Objective
+from fedjax_robust.adversarial.objectives import Objective, cross_entropy_loss
 from fedjax_robust.aggregators import Aggregator, make_mean
 from fedjax_robust.aggregators.base import combine
 from fedjax_robust.hparams import check, may_be_nonzero
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
-from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
-from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables, train_logits
+from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train
+from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables
 from fedjax_robust.round_context import RoundContext, compute_needs
 
 PyTree = Any
@@ -71,14 +71,10 @@ def classification_loss(model: Model | ApplyFn, anchor: PyTree | None = None, mu
   the proximal term ``μ/2 ||w - anchor||²`` when ``μ > 0``. A :data:`~fedjax_robust.client.LossFn`:
   ``(params, batch) -> (loss, model_state)``."""
   model = as_model(model)
-  base = None if objective is None else objective.loss(model, data)
+  base = (cross_entropy_loss() if objective is None else objective.loss)(model, data)
 
   def loss_fn(params, batch: Batch):
-    if base is None:
-      logits, model_state = train_logits(model, params, batch.model_state, batch.x, batch.key, batch.mask)
-      loss = masked_cross_entropy(logits, batch.y, batch.mask)
-    else:
-      loss, model_state = base(params, batch)
+    loss, model_state = base(params, batch)
     if may_be_nonzero(mu):
       loss = loss + 0.5 * mu * squared_distance(params, anchor)
     return loss, model_state
