@@ -13,7 +13,8 @@ called inside the jitted round. ``eligible`` ([K] bool or None) comes from the a
   (``malicious``, an argument of the round like the data).
 
 ``sampler_from_config(cfg)`` builds one from ``config.sampler`` (``name``: ``uniform`` | ``forced`` |
-``stratified``, ``forced``: ``"10:3,25:3"`` = client 3 at rounds 10 and 25, ``attackers``: attackers per
+``stratified``, ``forced``: ``"10:3,25:3"`` = client 3 at rounds 10 and 25, ``exclusive``: only then,
+``attackers``: attackers per
 round of ``stratified``, -1 = ``round(attack.fraction * C)``).
 """
 
@@ -98,11 +99,16 @@ class StratifiedSampler:
 
 
 class ForcedSampler:
-  """Uniform, with given clients forced into the cohort at given (1-indexed) rounds."""
+  """Uniform, with given clients forced into the cohort at given (1-indexed) rounds.
+
+  ``exclusive``: the scheduled clients take part ONLY in their rounds (FedVSA's adversary, which attacks at
+  rounds 10, 25, 50 and is otherwise absent, spec §2 [R]); otherwise they are also drawn like anyone else."""
 
   name = "forced"
 
-  def __init__(self, schedule: Mapping[int, Sequence[int]], num_clients: int, cohort_size: int):
+  def __init__(self, schedule: Mapping[int, Sequence[int]], num_clients: int, cohort_size: int,
+               exclusive: bool = False):
+    self.exclusive = bool(exclusive)
     schedule = {int(r): sorted({int(i) for i in ids}) for r, ids in schedule.items()}
     bad_rounds = [r for r in schedule if r < 1]
     if bad_rounds:
@@ -127,6 +133,9 @@ class ForcedSampler:
     forced = jnp.where(t < table.shape[0], table[jnp.minimum(t, table.shape[0] - 1)], False)
     if cohort_size == num_clients:
       return jnp.arange(num_clients)
+    if self.exclusive:  # scheduled clients are not drawn outside their rounds
+      absent = jnp.asarray(table.any(axis=0)) & ~forced
+      eligible = ~absent if eligible is None else jnp.asarray(eligible, bool) & ~absent
     return sample_cohort(key, num_clients, cohort_size, eligible, forced)
 
 
@@ -162,7 +171,7 @@ def sampler_from_config(cfg, num_clients: int, cohort_size: int, attack_fraction
     schedule = parse_schedule(cfg.get("forced", ""))
     if not schedule:
       raise ValueError("sampler.name='forced' needs sampler.forced, e.g. '10:3,25:3'")
-    return ForcedSampler(schedule, num_clients, cohort_size)
+    return ForcedSampler(schedule, num_clients, cohort_size, exclusive=bool(cfg.get("exclusive", False)))
   if name == "stratified":
     attackers = int(cfg.get("attackers", -1))
     if attackers < 0:

@@ -100,6 +100,7 @@ def get_config(dataset: str, arg: str = "none"):
     c.attack.name, c.attack.clients = "boosting", "0"
     c.attack.params = ml_collections.ConfigDict({"factor": 5.0})
     c.attack.client.name, c.attack.client.epochs, c.attack.client.samples = "backdoor_training", 6, 1
+    c.attack.client.lr, c.attack.client.weight_decay, c.attack.client.batch_size = 5e-3, 5e-3, 100
     c.eval_every = 1  # backdoor confidence every round (Fig. 4)
   c.output.name = f"fedcc_{dataset}_{scenario}_{'iid' if iid else 'noniid'}_{rule}"
   return c

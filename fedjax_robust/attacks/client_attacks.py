@@ -75,16 +75,47 @@ def backdoor_training(epochs: int = 6, lr: float = 5e-3, weight_decay: float = 5
   return ClientAttack("backdoor_training", train, make_data)
 
 
-CLIENT_ATTACKS = {"none": None, "backdoor_training": backdoor_training}
+def flipped_training(epochs: int = 0, samples: int = 0, **unused) -> ClientAttack:
+  """FedVSA's model-replacement adversary (spec §2, A13): it trains ``w_p`` from the global model on an IID sample
+  of the pooled training data whose labels are flipped ``y -> (y + 1) mod C`` (the authors' ``DatasetSplit_Fake``),
+  so the target model is wrong on every class; boosting it by ``γ = 1/p̂ = m^t`` is the ``scaling`` upload attack.
+  ``samples``: rows of the sample (0 = the mean client size, ``|D| / K``: 600 for MNIST at K = 100);
+  ``epochs``: its local epochs (0 = the clients' ``E``), with the clients' optimizer and batch size.
+  FedVSA reports the downloaded model's loss on this flipped data (honest on poisoned data)."""
+  del unused
+  if epochs < 0 or samples < 0:
+    raise ValueError(f"flipped_training: epochs and samples must be >= 0, got {epochs}, {samples}")
+
+  def train(loss_fn, client_opt, params, data: ClientData, attack_data: ClientData, key, spec: LocalTrainSpec,
+            model_state: Any = None) -> LocalResult:
+    del data
+    own = spec._replace(epochs=int(epochs) or spec.epochs)
+    return local_train(loss_fn, client_opt, params, client_opt.init(params), attack_data, key, own, model_state)
+
+  def make_data(data, seed: int):
+    rows = [(k, i) for k in range(data.num_clients) for i in range(int(data.n_train[k]))]
+    size = int(samples) or max(1, len(rows) // data.num_clients)
+    if size > len(rows):
+      raise ValueError(f"flipped_training: samples={size} exceeds the {len(rows)} training rows")
+    pick = np.random.default_rng(seed).choice(len(rows), size, replace=False)
+    k, i = np.asarray(rows)[pick].T
+    flipped = (np.asarray(data.y_train[k, i]) + 1) % int(data.num_classes)
+    return ClientData(np.asarray(data.x_train[k, i]), flipped.astype(np.int32), np.int32(size)), None
+
+  return ClientAttack("flipped_training", train, make_data)
+
+
+CLIENT_ATTACKS = {"none": None, "backdoor_training": backdoor_training, "flipped_training": flipped_training}
 
 
 def client_attack_from_config(cfg) -> ClientAttack | None:
-  """``attack.client`` -> a :class:`ClientAttack` (``None`` for ``none``)."""
+  """``attack.client`` -> a :class:`ClientAttack` (``None`` for ``none``); each factory takes the block's fields
+  it declares (``epochs``, ``lr``, ``weight_decay``, ``batch_size``, ``samples``)."""
   if cfg is None or cfg.get("name", "none") == "none":
     return None
   name = cfg["name"]
   if name not in CLIENT_ATTACKS:
     raise ValueError(f"unknown client attack {name!r}; known: {sorted(CLIENT_ATTACKS)}")
-  return CLIENT_ATTACKS[name](epochs=int(cfg.get("epochs", 6)), lr=float(cfg.get("lr", 5e-3)),
-                              weight_decay=float(cfg.get("weight_decay", 5e-3)),
-                              batch_size=int(cfg.get("batch_size", 100)), samples=int(cfg.get("samples", 1)))
+  # 0 (or absent) = the attack's own default for that field.
+  fields = {"epochs": int, "lr": float, "weight_decay": float, "batch_size": int, "samples": int}
+  return CLIENT_ATTACKS[name](**{f: cast(cfg[f]) for f, cast in fields.items() if cfg.get(f)})

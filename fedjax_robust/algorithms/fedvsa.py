@@ -1,0 +1,405 @@
+"""FedVSA (Zeng et al., JPDC 2024): value-sensitive aggregation, a historic loss audit and Shapley-value recovery.
+
+Spec: ``shared/specs/fedvsa.md`` (§1.3-1.8; [R] marks its recommended resolutions, which are the defaults here).
+
+Client (Alg. 2). Before training, client ``k`` scores the model it downloaded on its own training set in eval
+mode: the *inference loss* ``F_k^t = ℓ(w^t, D_k)`` (``inference_reduction``: ``mean`` [R], ``sum`` = Eq. 1,
+``sum_batch_means`` = the ICPP code; ``inference_loss``: ``ce``, or ``mse`` / ``l1`` of the softmax against the
+one-hot label, Table 8). Then it trains like FedAvg (plain SGD; ``mu > 0`` adds FedProx's proximal term, the
+"plug-in" row of Table 9) and uploads ``{"delta": w_k^{t+1} − w^t, "loss": F_k^t}``.
+
+Server (Alg. 1 line 7, Eq. 8). Weights are a softmax over the reported losses of the kept clients, after clipping
+them from above at their mean (``clip_mode``: ``mean`` [C], ``median``, ``fixed`` at ``clip_value``, ``none`` =
+Fig. 4's ablation) and dividing by a temperature (1 in the paper): ``p = softmax(min(F, c) / T)`` — a client whose
+global model fits its data badly holds knowledge the model lacks and weighs more. Clients with a non-finite model
+or loss are dropped (weight 0) and reported as flagged (spec §2, guard).
+
+Detection (Alg. 3, corrected as spec §1.5-1.7 says). The server caches the previous round: its kept clients'
+updates ``w_k^t − w^{t−1}``, losses, weights and the model ``w^{t−1}`` they started from.
+
+1. Loss audit (Eq. 12): ``Dr = 1`` when at least ``audit_quorum`` (½) of this round's reporters exceed the
+   reference (``audit_reference``: ``prev_round_max`` [R], the largest loss kept last round;
+   ``running_max_all_history``; ``per_client_last``, each client's own last report). Losses should fall over
+   time, so a majority of rising losses means last round's aggregate was poisoned. No audit without history.
+2. When ``Dr = 1``: Shapley values of last round's kept clients, the utility of a coalition ``S`` being the
+   accuracy on the server's evaluation data of ``recon(S) = w^{t−1} + Σ_{k∈S} p^S_k (w_k^t − w^{t−1})`` with
+   ``p^S`` this module's weights renormalised (and re-clipped) over ``S`` (so ``recon(all) = w^t``,
+   ``recon({k}) = w_k^t``, ``recon(∅) = w^{t−1}``, spec A6). Exact enumeration of the ``2^C`` coalitions when
+   the cohort has at most ``shapley_exact_max`` slots, truncated Monte-Carlo (``shapley_permutations``,
+   ``shapley_tol``) beyond; every coalition model is built and scored by one batched kernel in chunks of
+   ``shapley_chunk`` models (:func:`fedjax_robust.metrics.evaluation.score_models`).
+3. Clients with a negative value (``flag_rule``: ``lt0`` ``φ < −ε`` [P]; ``le0`` ``φ ≤ ε``) are flagged:
+   their weighted share of the suspect aggregate is removed (``hotfix="subtract"``:
+   ``w^{t+1} = Σ p^t_k w_k^{t+1} − τ Σ_{k flagged} p^{t−1}_k (w_k^t − w^{t−1})``) or the suspect aggregate is
+   replaced by the kept clients' re-aggregation (``hotfix="reaggregate"``:
+   ``+ τ (recon(kept \\ flagged) − w^t)``), and flagged clients sampled again this round are left out
+   (``blacklist=True``: for the rest of the run).
+
+Ablations (Fig. 5): ``detection="off"`` (aggregation only, Tables 3-9), ``"no_audit"`` (Shapley every round
+once there is a history), ``"no_shapley"`` (the audit is logged, nothing is repaired, spec A14).
+
+Cost. The cache holds ``C`` updates; a Shapley step scores ``2^C`` (exact) or ``P·(C+1)`` (TMC) models, and
+runs under ``lax.cond`` only in rounds where ``Dr = 1`` (inside a seeds-vmapped program the condition becomes a
+select, so it runs every round there).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_robust.aggregators.base import HIGHEST
+from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.fedavg import ServerState, apply_server_update, make_fedavg, mean_model_state
+from fedjax_robust.client import ClientData, LocalTrainSpec
+from fedjax_robust.metrics.evaluation import score_models
+from fedjax_robust.metrics.shapley import all_coalitions, exact_shapley, permutation_prefixes, tmc_shapley
+from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables
+from fedjax_robust.round_context import RoundContext
+
+PyTree = Any
+
+INFERENCE_LOSSES = ("ce", "mse", "l1")
+REDUCTIONS = ("mean", "sum", "sum_batch_means")
+CLIP_MODES = ("mean", "median", "fixed", "none")
+DETECTION = ("full", "off", "no_audit", "no_shapley")
+AUDIT_REFERENCES = ("prev_round_max", "running_max_all_history", "per_client_last")
+FLAG_RULES = ("lt0", "le0")
+HOTFIX = ("subtract", "reaggregate")
+
+
+def _choice(name: str, value: str, allowed) -> str:
+  if value not in allowed:
+    raise ValueError(f"fedvsa: {name} must be one of {allowed}, got {value!r}")
+  return value
+
+
+# ------------------------------------------------------------------------------------------ client side
+def per_sample_loss(kind: str, logits: jax.Array, y: jax.Array) -> jax.Array:
+  """``[B]`` losses: cross-entropy, or the mean over classes of the squared / absolute difference between the
+  softmax and the one-hot label (PyTorch's ``MSELoss`` / ``L1Loss`` on probabilities, spec §1.3 [R])."""
+  if kind == "ce":
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y)
+  diff = jax.nn.softmax(logits) - jax.nn.one_hot(y, logits.shape[-1], dtype=logits.dtype)
+  return jnp.mean(jnp.square(diff) if kind == "mse" else jnp.abs(diff), axis=-1)
+
+
+def inference_loss(logits_fn, variables: PyTree, data: ClientData, kind: str = "ce", reduction: str = "mean",
+                   batch_size: int = 256, loader_batch: int = 10) -> jax.Array:
+  """``ℓ(w, D_k)`` over the first ``data.n`` rows, in eval mode, batch by batch (spec §1.3, A1).
+
+  ``mean``: per-sample mean; ``sum``: per-sample sum (Eq. 1, ``= n · mean``); ``sum_batch_means``: the sum over
+  consecutive loader batches of ``loader_batch`` rows of each batch's mean (the ICPP code; ``= sum / B`` when
+  ``B`` divides ``n``)."""
+  total = int(data.y.shape[0])
+  b = max(1, min(int(batch_size), total))
+  num = -(-total // b)
+  pad = num * b - total
+  xb = jnp.pad(data.x, [(0, pad)] + [(0, 0)] * (data.x.ndim - 1)).reshape((num, b) + data.x.shape[1:])
+  yb = jnp.pad(data.y, (0, pad)).reshape(num, b)
+  rows = jax.lax.map(lambda a: per_sample_loss(kind, logits_fn(variables, a[0]), a[1]), (xb, yb)).reshape(-1)[:total]
+  idx = jnp.arange(total)
+  n = jnp.asarray(data.n, jnp.int32)
+  rows = jnp.where(idx < n, rows, 0.0)
+  if reduction == "mean":
+    return jnp.sum(rows) / jnp.maximum(n, 1).astype(rows.dtype)
+  if reduction == "sum":
+    return jnp.sum(rows)
+  start = (idx // loader_batch) * loader_batch
+  size = jnp.clip(n - start, 1, loader_batch).astype(rows.dtype)
+  return jnp.sum(rows / size)
+
+
+# ------------------------------------------------------------------------------------------ server side
+def clip_value_of(losses: jax.Array, members: jax.Array, clip_mode: str = "mean", clip_value: float = 0.0):
+  """The upper clip ``c`` of the members' losses (``+inf`` for ``none``)."""
+  if clip_mode == "none":
+    return jnp.asarray(jnp.inf, losses.dtype)
+  if clip_mode == "fixed":
+    return jnp.asarray(clip_value, losses.dtype)
+  count = jnp.maximum(jnp.sum(members), 1).astype(losses.dtype)
+  if clip_mode == "mean":  # Σ F/n, not Σ F / n: a report of 1e38 must not overflow the sum
+    return jnp.sum(jnp.where(members, losses / count, 0.0))
+  return jnp.nanmedian(jnp.where(members, losses, jnp.nan))
+
+
+def value_weights(losses: jax.Array, members: jax.Array, clip_mode: str = "mean", temperature: float = 1.0,
+                  clip_value: float = 0.0) -> jax.Array:
+  """FedVSA's aggregation weights ``p = softmax(min(F, c) / T)`` over ``members`` ([C] bool), 0 elsewhere.
+
+  Max-subtracted, so any finite report (1e30, −1e30) gives finite weights that sum to 1; no members: all 0."""
+  members = jnp.asarray(members, bool)
+  safe = jnp.where(members, losses, 0.0)
+  clipped = jnp.minimum(safe, clip_value_of(safe, members, clip_mode, clip_value))
+  z = jnp.where(members, clipped / temperature, -jnp.inf)
+  top = jnp.max(jnp.where(members, z, -jnp.inf))
+  e = jnp.where(members, jnp.exp(z - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
+  total = jnp.sum(e)
+  return jnp.where(total > 0, e / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def loss_audit(losses: jax.Array, reporting: jax.Array, reference: jax.Array, quorum: float = 0.5,
+               has_reference: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
+  """Eq. 12 as spec §1.5 [R] reads it: ``(Dr, exceedances)`` with ``Dr = #{k: F_k > ref_k} ≥ quorum · m``.
+
+  ``reference``: a scalar or ``[C]`` (per client); ``has_reference`` ([C] bool): reporters that have one (those
+  without neither count nor vote; default all). Strict ``>``; no reporter with a reference: ``Dr = 0``."""
+  voters = jnp.asarray(reporting, bool)
+  if has_reference is not None:
+    voters = voters & has_reference
+  up = voters & (losses > reference)
+  n_up = jnp.sum(up).astype(jnp.int32)
+  m = jnp.sum(voters)
+  return (m > 0) & (n_up >= quorum * m), n_up
+
+
+def weighted_sum(p: jax.Array, stacked: PyTree) -> PyTree:
+  """``Σ_k p_k x_k`` over the leading cohort axis (full precision: the Shapley reconstruction must equal the
+  aggregate it re-derives)."""
+  return jax.tree.map(lambda a: jnp.tensordot(p.astype(a.dtype), a, axes=1, precision=HIGHEST), stacked)
+
+
+def _finite_rows(tree: PyTree, c: int) -> jax.Array:
+  ok = jnp.ones((c,), bool)
+  for leaf in jax.tree.leaves(tree):
+    ok &= jnp.all(jnp.isfinite(leaf.reshape(c, -1)), axis=1)
+  return ok
+
+
+def _zero_rows(tree: PyTree, keep: jax.Array) -> PyTree:
+  return jax.tree.map(lambda a: jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a)), tree)
+
+
+class Cache(NamedTuple):
+  """The previous round, as the server kept it (spec §1.1)."""
+  base: PyTree  # w^{t-1}: the model that round's cohort started from (params)
+  base_state: PyTree  # its model state ({} without BatchNorm)
+  deltas: PyTree  # [C, ...] w_k^t - w^{t-1} (zero for clients not kept)
+  states: PyTree  # [C, ...] the clients' uploaded model states ({} without)
+  losses: jax.Array  # [C] reported losses (0 where not kept)
+  kept: jax.Array  # [C] bool: aggregated
+  weights: jax.Array  # [C] p^{t-1}
+  ids: jax.Array  # [C] client ids
+  malicious: jax.Array  # [C] bool: attackers among them (for the detection counts only)
+  has: jax.Array  # bool: a previous round exists
+
+
+def recon(cache: Cache, p: jax.Array) -> PyTree:
+  """``w^{t-1} + Σ_k p_k (w_k^t − w^{t-1})``: the model that coalition weights ``p`` ([C], zero outside the
+  coalition) aggregate the cached round to (spec §1.6), with the same weights over the clients' BatchNorm
+  statistics (variables then; bare params without model state). ``p = 0`` gives ``w^{t-1}``."""
+  params = jax.tree.map(jnp.add, cache.base, weighted_sum(p, cache.deltas))
+  if not cache.base_state:
+    return params
+  mixed = weighted_sum(p, cache.states)
+  state = jax.tree.map(lambda m, b: jnp.where(jnp.sum(p) > 0, m, b), mixed, cache.base_state)
+  return merge_variables(params, state)
+
+
+class FedVSAState(NamedTuple):
+  server: ServerState
+  cache: Any  # Cache, or () with detection="off"
+  loss_max: jax.Array  # the largest loss ever kept (audit_reference=running_max_all_history)
+  last_loss: jax.Array  # [K] each client's last kept report, NaN before its first (per_client_last)
+  blacklist: jax.Array  # [K] bool
+
+
+def make_fedvsa(
+    model: Model,
+    client_opt: optax.GradientTransformation,
+    spec: LocalTrainSpec,
+    server_opt: Optional[optax.GradientTransformation] = None,
+    *,
+    num_clients: int,
+    cohort_size: int,
+    inference_loss_kind: str = "ce",
+    inference_reduction: str = "mean",
+    inference_batch_size: int = 256,
+    clip_mode: str = "mean",
+    clip_value: float = 0.0,
+    temperature: float = 1.0,
+    detection: str = "full",
+    audit_reference: str = "prev_round_max",
+    audit_quorum: float = 0.5,
+    shapley_exact_max: int = 10,
+    shapley_permutations: int = 50,
+    shapley_tol: float = 0.0,
+    shapley_chunk: int = 64,
+    flag_rule: str = "lt0",
+    flag_eps: float = 0.0,
+    hotfix: str = "subtract",
+    tau: float = 1.0,
+    blacklist: bool = False,
+    mu: float = 0.0,
+    persist_client_opt_state: bool = False,
+    client_attack: Any = None,
+    eval_batch_size: int = 1024,
+) -> FedAlgorithm:
+  """FedVSA on ``model`` (module docstring). ``cohort_size``: the static number of cohort slots (the cache's
+  size); ``num_clients``: K. Needs the round's server data (``context.server_data``) when the detection runs
+  Shapley values (``detection`` ``full`` / ``no_audit``)."""
+  _choice("inference_loss", inference_loss_kind, INFERENCE_LOSSES)
+  _choice("inference_reduction", inference_reduction, REDUCTIONS)
+  _choice("clip_mode", clip_mode, CLIP_MODES)
+  _choice("detection", detection, DETECTION)
+  _choice("audit_reference", audit_reference, AUDIT_REFERENCES)
+  _choice("flag_rule", flag_rule, FLAG_RULES)
+  _choice("hotfix", hotfix, HOTFIX)
+  if not temperature > 0:
+    raise ValueError(f"fedvsa: temperature must be > 0, got {temperature}")
+  if not 0 < audit_quorum <= 1:
+    raise ValueError(f"fedvsa: audit_quorum must be in (0, 1], got {audit_quorum}")
+  if shapley_permutations < 1 or shapley_chunk < 1 or shapley_exact_max < 0:
+    raise ValueError("fedvsa: shapley_permutations and shapley_chunk must be >= 1, shapley_exact_max >= 0")
+  if shapley_tol < 0 or tau < 0:
+    raise ValueError(f"fedvsa: shapley_tol and tau must be >= 0, got {shapley_tol}, {tau}")
+  model = as_model(model)
+  server_opt = server_opt or optax.sgd(1.0)
+  k_total, c_slots = int(num_clients), int(cohort_size)
+  cached = detection != "off"
+  repairs = detection in ("full", "no_audit")
+  exact = c_slots <= int(shapley_exact_max)
+  inner = make_fedavg(model, client_opt, spec, server_opt, mu=mu, persist_client_opt_state=persist_client_opt_state,
+                      name="fedvsa", client_attack=client_attack)
+
+  def weights_of(losses, members):
+    return value_weights(losses, members, clip_mode, temperature, clip_value)
+
+  def report(payload, data):
+    return inference_loss(model.logits, payload, data, inference_loss_kind, inference_reduction,
+                          inference_batch_size, spec.batch_size)
+
+  def client_update(payload, client_state, data: ClientData, key):
+    out = inner.client_update(payload, client_state, data, key)
+    return out._replace(upload={**out.upload, "loss": report(payload, data)})
+
+  malicious_update = None
+  if inner.malicious_update is not None:
+    def malicious_update(payload, client_state, data, attack_data, key):
+      # The attacker reports the downloaded model's loss on the data it trains on (honest on poisoned, §2 [R]).
+      out = inner.malicious_update(payload, client_state, data, attack_data, key)
+      return out._replace(upload={**out.upload, "loss": report(payload, attack_data)})
+
+  def init_server(params, model_state=None):
+    server = inner.init_server(params, model_state)
+    cache = ()
+    if cached:
+      stack = lambda t: jax.tree.map(lambda a: jnp.zeros((c_slots,) + a.shape, a.dtype), t)
+      zeros_c = jnp.zeros((c_slots,), jnp.float32)
+      no = jnp.zeros((c_slots,), bool)
+      cache = Cache(params, server.model_state, stack(params), stack(server.model_state), zeros_c, no, zeros_c,
+                    jnp.zeros((c_slots,), jnp.int32), no, jnp.zeros((), bool))
+    return FedVSAState(server, cache, jnp.asarray(-jnp.inf, jnp.float32), jnp.full((k_total,), jnp.nan, jnp.float32),
+                       jnp.zeros((k_total,), bool))
+
+  def coalition_values(cache: Cache, masks: jax.Array, server_data: ClientData) -> jax.Array:
+    """Accuracy on the server data of every coalition's model, ``[M]`` for ``masks`` ``[M, C]``."""
+
+    def one(mask):
+      return recon(cache, weights_of(cache.losses, mask & cache.kept))
+
+    def score_chunk(chunk_masks):
+      models = jax.vmap(one)(chunk_masks)
+      return score_models(model.logits, models, server_data.x, server_data.y, server_data.n,
+                          batch_size=eval_batch_size).accuracy
+
+    m = masks.shape[0]
+    chunk = min(int(shapley_chunk), m)
+    num = -(-m // chunk)
+    padded = jnp.pad(masks, ((0, num * chunk - m), (0, 0)))
+    return jax.lax.map(score_chunk, padded.reshape(num, chunk, c_slots)).reshape(-1)[:m]
+
+  def shapley_values(cache: Cache, server_data: ClientData, key) -> jax.Array:
+    if exact:
+      masks = jnp.asarray(all_coalitions(c_slots))
+      return exact_shapley(coalition_values(cache, masks, server_data))
+    orders, prefixes = permutation_prefixes(key, c_slots, int(shapley_permutations))
+    values = coalition_values(cache, prefixes.reshape(-1, c_slots), server_data)
+    return tmc_shapley(orders, values.reshape(prefixes.shape[:2]), shapley_tol)
+
+  def audit(state: FedVSAState, losses, reporting, cohort):
+    cache = state.cache
+    if audit_reference == "prev_round_max":
+      ref = jnp.max(jnp.where(cache.kept, cache.losses, -jnp.inf))
+      return loss_audit(losses, reporting & cache.has & jnp.any(cache.kept), ref, audit_quorum)
+    if audit_reference == "running_max_all_history":
+      return loss_audit(losses, reporting & jnp.isfinite(state.loss_max), state.loss_max, audit_quorum)
+    last = state.last_loss[cohort]
+    return loss_audit(losses, reporting, last, audit_quorum, has_reference=jnp.isfinite(last))
+
+  def server_update(state: FedVSAState, uploads, weights, key, context: Optional[RoundContext] = None):
+    server = state.server
+    deltas, losses = uploads["delta"], jnp.asarray(uploads["loss"], jnp.float32)
+    c = weights.shape[0]
+    cohort = jnp.arange(c) if context is None else context.cohort
+    reporting = (weights > 0) & jnp.isfinite(losses) & _finite_rows(deltas, c)
+    if "model_state" in uploads:
+      reporting &= _finite_rows(uploads["model_state"], c)
+    kept = reporting & ~state.blacklist[cohort]
+    diagnostics = {}
+    correction = jax.tree.map(jnp.zeros_like, server.params)
+    cache = state.cache
+    if cached:
+      alarm, n_up = audit(state, losses, reporting, cohort)
+      if detection == "no_audit":
+        alarm = cache.has & jnp.any(cache.kept)
+      diagnostics.update(audit_alarm=alarm, audit_exceedances=n_up)
+    if repairs:
+      if context is None or context.server_data is None:
+        raise ValueError("fedvsa: the Shapley step scores coalition models on server-held data; give the run "
+                         "server data (server.root_dataset_size > 0)")
+      phi = jax.lax.cond(alarm, lambda: shapley_values(cache, context.server_data, key),
+                         lambda: jnp.zeros((c_slots,), jnp.float32))
+      bad = (phi < -flag_eps) if flag_rule == "lt0" else (phi <= flag_eps)
+      flagged_prev = alarm & cache.kept & bad
+      if hotfix == "subtract":
+        correction = jax.tree.map(lambda h: -tau * h, weighted_sum(jnp.where(flagged_prev, cache.weights, 0.0),
+                                                                   cache.deltas))
+      else:
+        clean = split_variables(recon(cache, weights_of(cache.losses, cache.kept & ~flagged_prev)))[0]
+        correction = jax.tree.map(lambda a, w: jnp.where(jnp.any(flagged_prev), tau * (a - w), 0.0), clean,
+                                  server.params)
+      # This round: flagged clients sampled again are left out (and, with a blacklist, for good).
+      flagged_ids = jnp.where(flagged_prev, cache.ids, -1)
+      kept &= ~jnp.any(cohort[:, None] == flagged_ids[None, :], axis=1)
+      blacklisted = state.blacklist.at[jnp.where(flagged_prev, cache.ids, k_total)].set(True, mode="drop")
+      diagnostics.update(shapley_values=phi, shapley_flagged=flagged_prev, shapley_ids=cache.ids,
+                         num_shapley_flagged=jnp.sum(flagged_prev).astype(jnp.int32),
+                         shapley_flagged_attackers=jnp.sum(flagged_prev & cache.malicious).astype(jnp.int32),
+                         shapley_flagged_benign=jnp.sum(flagged_prev & ~cache.malicious).astype(jnp.int32))
+      if blacklist:
+        state = state._replace(blacklist=blacklisted)
+    p = weights_of(losses, kept)
+    clean_deltas = _zero_rows(deltas, kept)
+    mean_delta = jax.tree.map(jnp.add, weighted_sum(p, clean_deltas), correction)
+    new_server = apply_server_update(server_opt, server, mean_delta)
+    states = {}
+    if "model_state" in uploads:
+      states = _zero_rows(uploads["model_state"], kept)
+      new_server = new_server._replace(model_state=mean_model_state(states, p, server.model_state))
+    safe_losses = jnp.where(kept, losses, 0.0)
+    new_state = state._replace(server=new_server)
+    if cached:
+      malicious = jnp.zeros((c,), bool) if context is None or context.malicious is None else context.malicious
+      new_state = new_state._replace(
+          cache=Cache(server.params, server.model_state, clean_deltas, states, safe_losses, kept, p,
+                      cohort.astype(jnp.int32), jnp.asarray(malicious, bool), jnp.ones((), bool)),
+          loss_max=jnp.maximum(state.loss_max, jnp.max(jnp.where(kept, losses, -jnp.inf))),
+          last_loss=state.last_loss.at[jnp.where(kept, cohort, k_total)].set(losses, mode="drop"))
+    diagnostics.update(flagged=(weights > 0) & ~kept, aggregation_weights=p, reported_loss=losses,
+                       nonfinite=(weights > 0) & ~reporting)
+    return new_state, diagnostics
+
+  def global_params(state: FedVSAState):
+    return inner.global_params(state.server)
+
+  def personal_params(payload, client_state, data, key):
+    return inner.personal_params(payload, client_state, data, key)
+
+  return FedAlgorithm("fedvsa", init_server, inner.init_client, lambda state: inner.broadcast(state.server),
+                      client_update, server_update, global_params, personal_params, uses_context=True,
+                      malicious_update=malicious_update)
