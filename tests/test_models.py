@@ -266,7 +266,8 @@ def test_get_model_errors():
     get_model("fedavg_cnn", 10, hidden=(3,))
   assert set(models.MODELS) == {"mlp", "fedavg_cnn", "emnist_cnn", "har_cnn",
                                 "lenet5", "cifar_cnn", "bn_cnn", "fedcc_fmnist_cnn", "fedcc_cifar_cnn",
-                                "cnn_mnist", "resnet18", "resnet8", "resnet10"}
+                                "cnn_mnist", "resnet18", "resnet8", "resnet10", "alexnet28",
+                                "cifar_resnet18"}
   assert set(models.DEFAULT_INPUT_SHAPES) == set(models.MODELS)
 
 
@@ -307,7 +308,7 @@ CONV_MODELS = [
 
 def test_conv_impl_registered_on_every_conv_model():
   conv_names = {n for n, *_ in CONV_MODELS} | {"bn_cnn", "fedcc_fmnist_cnn", "cnn_mnist", "resnet18", "resnet8",
-                                                "resnet10"}
+                                                "resnet10", "alexnet28", "cifar_resnet18"}
   for name in models.MODELS:
     assert ("conv_impl" in models.model_kwargs(name)) == (name in conv_names)
     if name in conv_names:

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_robust.models.classifiers import (BNCNN, CifarCNN, EMNISTCNN,
+from fedjax_robust.models.classifiers import (BNCNN, AlexNet28, CifarCNN, EMNISTCNN,
                                               FedAvgCNN, FedCCCifarCNN,
                                               FedCCFMNISTCNN, HARCNN, LeNet5,
                                               MLP, MnistCNN)
@@ -34,7 +34,7 @@ from fedjax_robust.models.interface import (Model, as_model, as_variables,
                                             make_model, merge_variables,
                                             require_stateless, split_variables,
                                             stateless_apply, train_logits)
-from fedjax_robust.models.resnet import (ResNet, ResNet8, ResNet10, ResNet18,
+from fedjax_robust.models.resnet import (CifarResNet18, ResNet, ResNet8, ResNet10, ResNet18,
                                          load_pretrained,
                                          torch_state_dict_from_variables,
                                          variables_from_torch_state_dict)
@@ -56,6 +56,8 @@ MODELS: dict[str, type[nn.Module]] = {
     "resnet18": ResNet18,
     "resnet8": ResNet8,
     "resnet10": ResNet10,
+    "alexnet28": AlexNet28,
+    "cifar_resnet18": CifarResNet18,
 }
 
 # The input shape (H, W, C) each model was specified for (the MLP takes any).
@@ -73,6 +75,8 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "resnet18": (32, 32, 3),  # CIFAR-10, not resized (FedALC §4.3)
     "resnet8": (32, 32, 3),
     "resnet10": (32, 32, 3),  # CIFAR-100; Tiny-ImageNet is 64x64x3
+    "alexnet28": (28, 28, 1),  # FedVSA FMNIST
+    "cifar_resnet18": (32, 32, 3),  # FedVSA CIFAR-10
 }
 
 _RESERVED_FIELDS = ("parent", "name", "num_classes")
@@ -176,7 +180,7 @@ __all__ = [
     "merge_base_head", "init_variables", "Model", "make_model", "as_model",
     "as_variables", "split_variables", "merge_variables", "stateless_apply",
     "require_stateless", "train_logits", "BNCNN", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5", "MnistCNN",
-    "CifarCNN", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",
+    "CifarCNN", "AlexNet28", "CifarResNet18", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",
     "ResNet", "ResNet18", "ResNet8", "ResNet10", "variables_from_torch_state_dict",
     "torch_state_dict_from_variables", "load_pretrained",
 ]

@@ -15,7 +15,7 @@ takes any ``[B, ...]`` and flattens it):
   MLP); FedCC reads ``params[model.penultimate]['kernel']``.
 * ``init_scheme='torch'`` (default) reproduces PyTorch's default init;
   ``'flax'`` uses flax's (LeCun-normal kernels, zero biases).
-* Conv nets (FedAvgCNN, EMNISTCNN, HARCNN, LeNet5, CifarCNN) take
+* Conv nets (FedAvgCNN, EMNISTCNN, HARCNN, LeNet5, CifarCNN, AlexNet28) take
   ``conv_impl='xla'`` (default: ``lax.conv_general_dilated``, a grouped
   convolution under ``vmap`` over client params) or ``'patches'``
   (``conv_general_dilated_patches`` + matmul, a batched matmul under
@@ -28,8 +28,8 @@ Conv outputs are flattened in NHWC order (H, W, C), whereas PyTorch flattens
 load a PyTorch ``state_dict`` the rows of the first Dense after the flatten
 must be permuted from (C, H, W) to (H, W, C) order.
 
-Dropout: the MLP's optional ``dropout_rate`` (default 0), applied when
-``train=True`` (the engine passes a per-step ``'dropout'`` rng).
+Dropout: the MLP's optional ``dropout_rate`` (default 0) and AlexNet28's (0.5),
+applied when ``train=True`` (the engine passes a per-step ``'dropout'`` rng).
 
 BatchNorm: ``BNCNN`` (``bn_cnn``), a small CIFAR/MNIST CNN with BatchNorm after
 each convolution. Its running statistics are the ``batch_stats`` collection
@@ -224,6 +224,54 @@ class CifarCNN(LeNet5):
   """
 
   conv1_padding: int = 0
+
+
+class AlexNet28(nn.Module):
+  """FedVSA's FMNIST AlexNet, a 28x28 adaptation (spec §4.2 [R]; not in the paper's code).
+
+  conv1 3x3 1->64 pad 1 -> ReLU -> MaxPool2 -> conv2 3x3 ->192 pad 1 -> ReLU -> MaxPool2 -> conv3 3x3 ->384
+  pad 1 -> ReLU -> conv4 3x3 ->256 pad 1 -> ReLU -> conv5 3x3 ->256 pad 1 -> ReLU -> MaxPool2 (28 -> 14 -> 7
+  -> 3, floor) -> flatten 3*3*256 = 2304 -> Dropout -> fc1 1024 -> ReLU -> Dropout -> fc2 512 -> ReLU ->
+  head. 28x28x1 with 10 classes: 5,140,682 parameters. ``dropout_rate`` (0.5) acts in training only
+  (``train=True`` with a ``'dropout'`` rng), as the MLP's; ``features`` is fc2 after its ReLU.
+  """
+
+  num_classes: int = 10
+  dropout_rate: float = 0.5
+  init_scheme: str = "torch"
+  conv_impl: str = "xla"
+
+  conv_features = (64, 192, 384, 256, 256)
+  pool_after = (True, True, False, False, True)
+  penultimate = "fc2"
+
+  def setup(self):
+    for i, width in enumerate(self.conv_features):
+      setattr(self, f"conv{i + 1}", TorchConv(width, (3, 3), padding=1, init_scheme=self.init_scheme,
+                                              impl=self.conv_impl))
+    self.fc1 = TorchDense(1024, init_scheme=self.init_scheme)
+    self.fc2 = TorchDense(512, init_scheme=self.init_scheme)
+    self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
+    if self.dropout_rate > 0:
+      self.dropout = nn.Dropout(self.dropout_rate)
+
+  @property
+  def feature_dim(self) -> int:
+    return 512
+
+  def _drop(self, x: jax.Array, train: bool) -> jax.Array:
+    return self.dropout(x, deterministic=not train) if self.dropout_rate > 0 else x
+
+  def features(self, x: jax.Array, train: bool = False) -> jax.Array:
+    for i, pool in enumerate(self.pool_after):
+      x = nn.relu(getattr(self, f"conv{i + 1}")(x))
+      if pool:
+        x = _pool(x)
+    x = nn.relu(self.fc1(self._drop(_flatten(x), train)))
+    return nn.relu(self.fc2(self._drop(x, train)))
+
+  def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
+    return self.head(self.features(x, train))
 
 
 class MnistCNN(nn.Module):

@@ -10,6 +10,10 @@ Models (one module family, :class:`ResNet`, parameterised by ``stage_sizes`` and
   with one BasicBlock per stage and the same ImageNet stem, FedCAC spec §3.3, A18 and property 24:
   ResNet-8 (C = 10) 1,235,274 parameters in 29 tensors (2x2 before pooling on 32x32); ResNet-10
   4,957,092 (C = 100) / 5,008,392 (C = 200) in 38 tensors (1x1 on 32x32, 2x2 on 64x64).
+* ``cifar_resnet18`` (:class:`CifarResNet18`): FedVSA's CIFAR-10 ResNet-18 (spec §4.2 [R]), the CIFAR
+  stem (``stem='cifar'``: 3x3/1 conv pad 1 -> norm -> ReLU, no max-pool) and GroupNorm by default
+  (``norm='group'``, ``num_groups=32``; stateless) or BatchNorm (``norm='batch'``). 11,173,962
+  parameters with C = 10 either way. Every ResNet takes ``stem`` and ``norm``.
 
 Layers: every convolution is bias-free with explicit symmetric padding (3 for the stem, 1 for 3x3, 0
 for 1x1; JAX's 'SAME' pads stride-2 convolutions asymmetrically, unlike PyTorch); the max-pool pads
@@ -78,6 +82,8 @@ from fedjax_robust.models.layers import (INIT_SCHEMES, TorchDense, _conv_padding
 
 CONV_INITS = ("kaiming", "default")
 LAYOUTS = ("torchvision", "fling")
+STEMS = ("imagenet", "cifar")
+NORMS = ("batch", "group")
 
 
 def _check(value: str, allowed: Sequence[str], what: str) -> str:
@@ -122,8 +128,27 @@ def _batch_norm(bn: nn.BatchNorm, x: jax.Array, train: bool, mask: Optional[jax.
   return bn(x, use_running_average=not train, mask=mask)
 
 
+def _norm_layer(norm: str, momentum: float, epsilon: float, num_groups: int,
+                name: Optional[str] = None) -> nn.Module:
+  """The normalisation layer ``norm`` names: 'batch' (``nn.BatchNorm``) or 'group' (``nn.GroupNorm``)."""
+  if _check(norm, NORMS, "norm") == "batch":
+    return nn.BatchNorm(momentum=momentum, epsilon=epsilon, name=name)
+  return nn.GroupNorm(num_groups=int(num_groups), epsilon=epsilon, name=name)
+
+
+def _apply_norm(layer: nn.Module, x: jax.Array, train: bool, mask: Optional[jax.Array]) -> jax.Array:
+  """BatchNorm: :func:`_batch_norm` (masked batch statistics in training); GroupNorm normalises each row
+  by itself (no state, the same in both modes), so ``train`` and ``mask`` do not matter to it."""
+  if isinstance(layer, nn.BatchNorm):
+    return _batch_norm(layer, x, train, mask)
+  return layer(x)
+
+
 class BasicBlock(nn.Module):
-  """conv3x3(strides) -> BN -> ReLU -> conv3x3 -> BN -> + shortcut -> ReLU (FedCAC spec §3.3)."""
+  """conv3x3(strides) -> norm -> ReLU -> conv3x3 -> norm -> + shortcut -> ReLU (FedCAC spec §3.3).
+
+  ``norm``: 'batch' (BatchNorm, default) or 'group' (GroupNorm with ``num_groups`` groups); the layers are
+  named ``bn*`` either way (torchvision's ``norm_layer`` convention)."""
 
   features: int
   strides: int = 1
@@ -132,6 +157,8 @@ class BasicBlock(nn.Module):
   conv_init: str = "kaiming"
   init_scheme: str = "torch"
   conv_impl: str = "xla"
+  norm: str = "batch"
+  num_groups: int = 32
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False, mask: Optional[jax.Array] = None) -> jax.Array:
@@ -140,7 +167,8 @@ class BasicBlock(nn.Module):
                         init_scheme=self.init_scheme, impl=self.conv_impl, name=name)
 
     def bn(y, name):
-      return _batch_norm(nn.BatchNorm(momentum=self.momentum, epsilon=self.epsilon, name=name), y, train, mask)
+      layer = _norm_layer(self.norm, self.momentum, self.epsilon, self.num_groups, name=name)
+      return _apply_norm(layer, y, train, mask)
 
     y = nn.relu(bn(conv(3, self.strides, "conv1")(x), "bn1"))
     y = bn(conv(3, 1, "conv2")(y), "bn2")
@@ -150,9 +178,12 @@ class BasicBlock(nn.Module):
 
 
 class ResNet(nn.Module):
-  """BasicBlock ResNet with the ImageNet stem; ``stage_sizes[i]`` blocks of width ``widths[i]`` per stage.
+  """BasicBlock ResNet; ``stage_sizes[i]`` blocks of width ``widths[i]`` per stage.
 
-  The stem is ``widths[0]`` wide; stage 1 has stride 1, later stages stride 2 (in their first block).
+  The stem is ``widths[0]`` wide: ``stem='imagenet'`` (default) 7x7/2 conv pad 3 -> norm -> ReLU -> 3x3/2
+  max-pool pad 1; ``stem='cifar'`` 3x3/1 conv pad 1 -> norm -> ReLU, no max-pool. Stage 1 has stride 1,
+  later stages stride 2 (in their first block). ``norm='batch'`` (default; stateful, ``batch_stats``) or
+  ``'group'`` (GroupNorm with ``num_groups`` groups, eps ``epsilon``; stateless).
   See the module docstring for BatchNorm, ``mask``, init and names.
   """
 
@@ -164,21 +195,37 @@ class ResNet(nn.Module):
   conv_init: str = "kaiming"
   init_scheme: str = "torch"
   conv_impl: str = "xla"
+  stem: str = "imagenet"
+  norm: str = "batch"
+  num_groups: int = 32  # GroupNorm only
 
   penultimate = None
-  state_collections = ("batch_stats",)
+
+  @property
+  def state_collections(self) -> tuple[str, ...]:
+    """``("batch_stats",)`` with BatchNorm, ``()`` with GroupNorm."""
+    return ("batch_stats",) if self.norm == "batch" else ()
 
   def setup(self):
     if len(self.stage_sizes) != len(self.widths) or not self.widths:
       raise ValueError(f"stage_sizes {self.stage_sizes} and widths {self.widths} must be non-empty, same length")
+    _check(self.stem, STEMS, "stem")
+    _check(self.norm, NORMS, "norm")
+    if self.norm == "group":
+      bad = sorted({int(w) for w in self.widths if int(w) % int(self.num_groups)})
+      if bad:
+        raise ValueError(f"GroupNorm with num_groups={self.num_groups} needs widths divisible by it; got {bad}")
     common = dict(conv_init=self.conv_init, init_scheme=self.init_scheme)
-    self.conv1 = ResNetConv(int(self.widths[0]), 7, 2, padding=3, impl=self.conv_impl, **common)
-    self.bn1 = nn.BatchNorm(momentum=self.momentum, epsilon=self.epsilon)
+    norm = dict(momentum=self.momentum, epsilon=self.epsilon, norm=self.norm, num_groups=self.num_groups)
+    if self.stem == "imagenet":
+      self.conv1 = ResNetConv(int(self.widths[0]), 7, 2, padding=3, impl=self.conv_impl, **common)
+    else:
+      self.conv1 = ResNetConv(int(self.widths[0]), 3, 1, padding=1, impl=self.conv_impl, **common)
+    self.bn1 = _norm_layer(self.norm, self.momentum, self.epsilon, self.num_groups)
     for s, (n, w) in enumerate(zip(self.stage_sizes, self.widths)):
       for b in range(int(n)):
         setattr(self, f"layer{s + 1}_{b}", BasicBlock(int(w), strides=2 if (s > 0 and b == 0) else 1,
-                                                      momentum=self.momentum, epsilon=self.epsilon,
-                                                      conv_impl=self.conv_impl, **common))
+                                                      conv_impl=self.conv_impl, **norm, **common))
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
 
   @property
@@ -187,8 +234,9 @@ class ResNet(nn.Module):
 
   def features(self, x: jax.Array, train: bool = False, mask: Optional[jax.Array] = None) -> jax.Array:
     """Global-average-pooled output of the last stage, ``[B, widths[-1]]`` (the input of ``head``)."""
-    x = nn.relu(_batch_norm(self.bn1, self.conv1(x), train, mask))
-    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+    x = nn.relu(_apply_norm(self.bn1, self.conv1(x), train, mask))
+    if self.stem == "imagenet":
+      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
     for s, n in enumerate(self.stage_sizes):
       for b in range(int(n)):
         x = getattr(self, f"layer{s + 1}_{b}")(x, train, mask)
@@ -215,9 +263,31 @@ class ResNet10(ResNet):
   stage_sizes: Sequence[int] = (1, 1, 1, 1)
 
 
-RESNETS: dict[str, type[ResNet]] = {"resnet18": ResNet18, "resnet8": ResNet8, "resnet10": ResNet10}
+class CifarResNet18(ResNet):
+  """CIFAR ResNet-18 (FedVSA spec §4.2 [R]): 3x3/1 stem conv 64 (no bias) -> norm -> ReLU, no max-pool,
+  BasicBlock [2, 2, 2, 2] x 64/128/256/512 (stride 2 and a 1x1 projection shortcut at stages 2-4), global
+  average pool, head Linear(512 -> C). 11,173,962 parameters with C = 10 (BatchNorm or GroupNorm: both
+  have a scale and a bias per channel). 32x32: 32 -> 32 -> 16 -> 8 -> 4 before pooling.
+
+  ``norm='group'`` (default, the spec's recommendation for JAX; stateless) uses GroupNorm with
+  ``num_groups=32`` groups (2 channels per group in the 64-wide layers; ``nn.GroupNorm(32, C)`` is
+  PyTorch's usual choice) and eps 1e-5 (PyTorch's GroupNorm default). The spec gives no group count;
+  FedDyn's / FedDC's code swaps every BatchNorm of its ResNet-18 for ``GroupNorm(2, C)``:
+  ``model.num_groups=2`` reproduces that. ``norm='batch'``: BatchNorm (``batch_stats``, masked batch
+  statistics, PyTorch momentum 0.1 / eps 1e-5), as the other ResNets. Conv init ``conv_init='kaiming'``
+  (torchvision's re-initialisation; ``'default'`` gives PyTorch's Conv2d default, e.g. the common
+  kuangliu/pytorch-cifar ResNet). Names as torchvision's (``conv1``, ``bn1``, ``layer{s}_{b}``, ``head``).
+  """
+
+  stem: str = "cifar"
+  norm: str = "group"
+
+
+RESNETS: dict[str, type[ResNet]] = {"resnet18": ResNet18, "resnet8": ResNet8, "resnet10": ResNet10,
+                                    "cifar_resnet18": CifarResNet18}
 # The PyTorch naming each model's reference code uses.
-DEFAULT_LAYOUTS = {"resnet18": "torchvision", "resnet8": "fling", "resnet10": "fling"}
+DEFAULT_LAYOUTS = {"resnet18": "torchvision", "resnet8": "fling", "resnet10": "fling",
+                   "cifar_resnet18": "torchvision"}
 
 
 # ----------------------------------------------------------------------------- PyTorch names
@@ -318,7 +388,7 @@ def variables_from_torch_state_dict(state_dict: Mapping[str, Any], model_name: A
   template = _template(module, tuple(int(d) for d in input_shape))
   wanted = {}  # torch name -> (collection, flax path, shape)
   for collection in ("params", "batch_stats"):
-    for path, leaf in traverse_util.flatten_dict(dict(template[collection])).items():
+    for path, leaf in traverse_util.flatten_dict(dict(template.get(collection, {}))).items():
       if drop_head and path[0] == "head":
         continue
       wanted[_torch_name(collection, path, layout)] = (collection, path, leaf.shape)
@@ -327,7 +397,7 @@ def variables_from_torch_state_dict(state_dict: Mapping[str, Any], model_name: A
     optional |= {"fc.weight", "fc.bias"}
   missing = sorted(set(wanted) - set(state_dict))
   unexpected = sorted(set(state_dict) - set(wanted) - optional)
-  flat: dict[str, dict] = {"params": {}, "batch_stats": {}}
+  flat: dict[str, dict] = {c: {} for c in ("params", "batch_stats") if c in template}
   mismatched = []
   for tname, (collection, path, shape) in wanted.items():
     if tname not in state_dict:
@@ -421,6 +491,6 @@ def load_pretrained(path: str | Path, model: Any, variables: Mapping[str, Any], 
   return out
 
 
-__all__ = ["ResNet", "ResNet18", "ResNet8", "ResNet10", "BasicBlock", "ResNetConv", "RESNETS", "CONV_INITS",
-           "LAYOUTS", "variables_from_torch_state_dict", "torch_state_dict_from_variables", "read_state_dict",
+__all__ = ["ResNet", "ResNet18", "ResNet8", "ResNet10", "CifarResNet18", "BasicBlock", "ResNetConv", "RESNETS",
+           "CONV_INITS", "LAYOUTS", "STEMS", "NORMS", "variables_from_torch_state_dict", "torch_state_dict_from_variables", "read_state_dict",
            "save_variables", "load_pretrained"]
