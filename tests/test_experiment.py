@@ -73,7 +73,8 @@ def test_same_seed_same_metrics(tmp_path):
 def test_every_algorithm_is_covered_here():
   from fedjax_robust.experiment import ALGORITHMS
   assert set(ALGORITHMS) == {"fedavg", "fedprox", "fedavg_ft", "fedbn", "local", "fedcap", "ditto", "fedrod", "fedfomo",
-                             "fedcac", "fedper", "fedrep", "fedamp"}
+                             "fedcac", "fedper", "fedrep", "fedamp",
+                             "scaffold", "feddyn", "fednova", "feddc"}
 
 
 @pytest.mark.parametrize("algorithm", ["fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod", "fedfomo"])

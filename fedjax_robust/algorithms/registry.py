@@ -331,3 +331,76 @@ register_algorithm("fedamp", _build_fedamp, aggregates=False, resets_client_opti
     "alpha_decay_every": 30,  # 0 = constant alpha
     "start": "personal",  # local training starts from the client's own model (Fling, PFLlib) | cloud (u_i)
 })
+
+
+# Heterogeneity-tolerant baselines of FedVSA (spec fedvsa.md §3): SCAFFOLD, FedDyn, FedNova, FedDC
+# (fedjax_robust/algorithms/{scaffold,feddyn,fednova,feddc}.py). Each re-creates the client optimizer every round;
+# SCAFFOLD, FedDyn and FedDC average through the run's aggregation rule (default: the sample-weighted mean; the
+# papers' uniform means are aggregator.weighted=False) and apply their own server step, so the run's server optimizer
+# must stay plain averaging (SCAFFOLD's global step is algorithm.scaffold.server_lr); FedNova is its own rule.
+def _hetero_client_lr(ctx: BuildContext, name: str):
+  """The client SGD learning rate η of a control-variate update (a traced value inside a grid over client.lr)."""
+  optimizer = str(ctx.config.client.optimizer)
+  if optimizer != "sgd":
+    raise ValueError(f"algorithm {name!r} estimates gradients from SGD steps (c_i = (w - theta)/(K lr)); set "
+                     f"client.optimizer='sgd', got {optimizer!r}")
+  return scalar(ctx.hparams.get("client.lr", ctx.config.client.lr))
+
+
+def _hetero_plain_server(ctx: BuildContext, name: str, hint: str = "") -> None:
+  s = ctx.config.server
+  if (str(s.optimizer) != "sgd" or float(s.lr) != 1.0 or float(s.get("momentum", 0.0)) != 0.0
+      or "server.lr" in ctx.hparams):
+    raise ValueError(f"algorithm {name!r} applies its own server update; leave server.optimizer='sgd', "
+                     f"server.lr=1, server.momentum=0{hint}")
+
+
+def _build_scaffold(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.scaffold import make_scaffold
+  _hetero_plain_server(ctx, "scaffold", " (SCAFFOLD's global step size is algorithm.scaffold.server_lr)")
+  return make_scaffold(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, lr=_hetero_client_lr(ctx, "scaffold"),
+                       server_lr=scalar(ctx.options.server_lr), aggregator=ctx.aggregator)
+
+
+def _build_feddyn(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.feddyn import make_feddyn
+  _hetero_plain_server(ctx, "feddyn")
+  return make_feddyn(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, alpha=scalar(ctx.options.alpha),
+                     aggregator=ctx.aggregator)
+
+
+def _build_fednova(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.fednova import make_fednova
+  agg_cfg = ctx.config.get("aggregator")
+  if agg_cfg is not None and (agg_cfg.get("name") != "mean" or set(agg_cfg.keys()) - {"name", "weighted"}):
+    raise ValueError("algorithm 'fednova' is its own aggregation rule (normalized averaging, p_k = n_k/n); leave "
+                     "aggregator.name='mean' (aggregator.weighted=False for uniform p_k)")
+  client = ctx.config.client
+  if str(client.optimizer) != "sgd" or bool(client.get("nesterov", False)):
+    raise ValueError("algorithm 'fednova' normalizes by the local steps of SGD (plain or heavy-ball momentum); set "
+                     f"client.optimizer='sgd' without nesterov, got {client.optimizer!r}")
+  weighted = True if agg_cfg is None else bool(agg_cfg.get("weighted", True))
+  return make_fednova(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, momentum=float(client.momentum),
+                      weighted=weighted)
+
+
+def _build_feddc(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.feddc import make_feddc
+  _hetero_plain_server(ctx, "feddc")
+  f = ctx.options
+  return make_feddc(ctx.model, ctx.client_opt, ctx.spec, ctx.num_clients, lr=_hetero_client_lr(ctx, "feddc"),
+                    alpha=scalar(f.alpha), drift_mean=str(f.drift_mean), aggregator=ctx.aggregator)
+
+
+register_algorithm("scaffold", _build_scaffold, resets_client_optimizer=True, traced=("server_lr",), options={
+    "server_lr": 1.0,  # global step size eta_g: x <- x + eta_g * mean(dy) (Karimireddy et al. 2020, Alg. 1)
+})
+register_algorithm("feddyn", _build_feddyn, resets_client_optimizer=True, traced=("alpha",), options={
+    "alpha": 0.01,  # dynamic-regularization weight (Acar et al. 2021, Alg. 1; official code 1e-2)
+})
+# FedNova (Wang et al. 2020): a_k from each client's real step count (and client.momentum); no options
+register_algorithm("fednova", _build_fednova, resets_client_optimizer=True)
+register_algorithm("feddc", _build_feddc, resets_client_optimizer=True, traced=("alpha",), options={
+    "alpha": 0.01,  # drift-penalty weight (alpha/2)||theta + h_i - w||^2 (Gao et al. 2022; official code 1e-2)
+    "drift_mean": "cohort",  # w = mean over the cohort of theta_i + h_i | all: mean_S theta_i + mean_all h_i (code)
+})
