@@ -42,6 +42,7 @@ from fedjax_robust.metrics.evaluators import resolve_evaluators
 from fedjax_robust.models import as_model, get_model_from_config, make_model
 from fedjax_robust.models.interface import with_input_normalization
 from fedjax_robust.optim import optimizer_from_config
+from fedjax_robust.pretrain import pretrain, pretrain_rounds
 from fedjax_robust.sampling import sampler_from_config
 from fedjax_robust.simulation import SimState, Simulator
 
@@ -65,6 +66,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_every = 1
   c.data = default_data_config()
   c.model = ml_collections.ConfigDict({"name": "mlp"})
+  # Warm start (FedVSA spec §4.6, fedjax_robust/pretrain.py): pretrain_rounds > 0 runs that many rounds of plain FedAvg
+  # (same data, seed, client optimizer, cohort size; base labels only with data.dynamics) and starts the run from its
+  # global model; the run's rounds (and metrics) are counted after it.
+  c.init = ml_collections.ConfigDict({"pretrain_rounds": 0})
   # algorithm.name, and each registered algorithm's own block algorithm.<name>.* with its defaults
   # (fedjax_robust/algorithms/registry.py: fedprox.mu, ditto.lamda, fedavg_ft.*, fedrod.*, local.trains_all,
   # fedcap.*, fedfomo.*); fedbn = FedAvg with every BatchNorm layer kept local (needs a BN model)
@@ -162,6 +167,7 @@ class Experiment:
   model_state: dict = dataclasses.field(default_factory=dict)  # BatchNorm statistics etc. ({} if none)
   # hparams -> the algorithm rebuilt with those config values replaced (tracers in a grid program)
   algorithm_with: Any = None
+  pretrain: Any = None  # the warm start's per-round records (init.pretrain_rounds > 0), else None
 
   def init_state(self) -> SimState:
     return self.simulator.init(self.params, self.config.seed, self.model_state or None)
@@ -215,7 +221,9 @@ def cohort_size(config, num_clients: int) -> int:
 
 def root_dataset(data, size: int, seed: int) -> ClientData:
   """FLTrust's clean server dataset: ``size`` rows drawn uniformly from all clients' (unpoisoned) training data."""
-  rows = [(k, i) for k in range(data.num_clients) for i in range(int(data.n_train[k]))]
+  n = data.n_train if getattr(data, "train_schedule", None) is None else np.minimum(data.n_train,
+                                                                                    data.train_schedule.n_base)
+  rows = [(k, i) for k in range(data.num_clients) for i in range(int(n[k]))]  # data dynamics: base rows only
   if not 0 < size <= len(rows):
     raise ValueError(f"server.root_dataset_size must be in [1, {len(rows)}], got {size}")
   pick = np.random.default_rng(seed).choice(len(rows), size, replace=False)
@@ -373,6 +381,9 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     logger.info("model weights (all but the head) loaded from %s", pretrained)
   params = variables["params"]
   model_state = {k: v for k, v in variables.items() if k != "params"}
+  pretrain_records = None
+  if pretrain_rounds(config):  # FedVSA §4.6: every method starts from the same FedAvg warm start (on clean data)
+    params, model_state, pretrain_records = pretrain(config, clean)
   backend = jax.default_backend()
   conv = _has_conv(params)
   unroll = resolve_unroll(config.engine.unroll, backend, conv)
@@ -413,7 +424,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         evaluators=evaluators, attack_data=attack_data,
                         eval_options={} if robust_eval is None else {"robust": robust_eval})
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
-                    algorithm_with)
+                    algorithm_with, pretrain_records)
 
 
 # ------------------------------------------------------------------------------------------ run directory
@@ -573,6 +584,8 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   if exp.malicious is not None:
     writer.write_json("malicious.json", {"malicious_clients": np.flatnonzero(exp.malicious).tolist(),
                                          "poisoning": exp.data.info.get("poisoning")})
+  if exp.pretrain is not None:
+    writer.write_json("pretrain.json", {"rounds": len(exp.pretrain), "algorithm": "fedavg", "records": exp.pretrain})
   sim = exp.simulator
   logger.info("devices: %s | backend %s | strategy %s | unroll %s | cohort %d of %d clients",
               jax.devices(), jax.default_backend(), exp.strategy, exp.unroll, sim.cohort_size, sim.num_clients)

@@ -27,6 +27,7 @@ import numpy as np
 
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData
+from fedjax_robust.data.dynamics import TrainSchedule, revealed_counts
 from fedjax_robust.execution import VmapStrategy, is_traceable
 from fedjax_robust.metrics import count_correct
 from fedjax_robust.metrics.evaluation import score_models
@@ -62,6 +63,8 @@ class RunInputs(NamedTuple):
   backdoor_x: Optional[jax.Array] = None  # the triggered global test inputs (backdoor / DBA runs)
   backdoor_target: Optional[jax.Array] = None  # int32 scalar: the backdoor's target label
   attack_data: Optional[ClientData] = None  # a client-side attack's own data (FedCC's D_mal)
+  # Data dynamics (FedVSA Table 5): how many of each client's training rows exist at each round; None = all.
+  train_schedule: Optional[TrainSchedule] = None
 
 
 class _Prepared(NamedTuple):
@@ -111,7 +114,8 @@ class Simulator:
 
   Args:
     algorithm: the FL algorithm.
-    data: the federated dataset (numpy arrays; moved to device once here).
+    data: the federated dataset (numpy arrays; moved to device once here). With a ``train_schedule`` (data
+      dynamics), round t trains on each client's first ``n_t`` rows (:meth:`train_at`); test sets are unchanged.
     model: the :class:`~fedjax_robust.models.Model` scored at evaluation (a plain
       ``(params, x) -> logits`` function is accepted too).
     strategy: execution strategy of the client axis (default ``vmap``).
@@ -165,6 +169,10 @@ class Simulator:
         jnp.asarray(server_data.x), jnp.asarray(server_data.y, jnp.int32), jnp.asarray(server_data.n, jnp.int32))
     self.attack_data = None if attack_data is None else ClientData(
         jnp.asarray(attack_data.x), jnp.asarray(attack_data.y, jnp.int32), jnp.asarray(attack_data.n, jnp.int32))
+    schedule = getattr(data, "train_schedule", None)
+    self.train_schedule = None if schedule is None else TrainSchedule(
+        jnp.asarray(schedule.n_base, jnp.int32), jnp.asarray(schedule.delta, jnp.int32),
+        jnp.asarray(schedule.start_round, jnp.int32))
     # Slots of the malicious kernel: attackers in a cohort, at most (static, so the same for every seed).
     self.attack_slots = 0
     if algorithm.malicious_update is not None:
@@ -194,7 +202,8 @@ class Simulator:
     """This simulator's data as the :class:`RunInputs` argument of its compiled functions."""
     return RunInputs(self.train, self.test, self.global_test, self._malicious_dev, self.server_data,
                      None if self.backdoor is None else self.backdoor[0],
-                     None if self.backdoor is None else jnp.asarray(self.backdoor[1], jnp.int32), self.attack_data)
+                     None if self.backdoor is None else jnp.asarray(self.backdoor[1], jnp.int32), self.attack_data,
+                     self.train_schedule)
 
   # ----------------------------------------------------------------------------------- state
   def init(self, params: PyTree, seed: int | jax.Array = 0, model_state: Optional[dict] = None) -> SimState:
@@ -216,6 +225,15 @@ class Simulator:
     return SimState(jnp.zeros((), jnp.int32), server, clients, key)
 
   # ----------------------------------------------------------------------------------- rounds
+  @staticmethod
+  def train_at(inputs: RunInputs, fl_round) -> ClientData:
+    """The training data as of FL round ``fl_round`` (1-indexed; 0 = before round 1): with a data-dynamics
+    schedule, client k's ``n`` is the length of the prefix of its rows revealed by then
+    (:func:`~fedjax_robust.data.dynamics.revealed_counts`), the rest being padding to the local loop."""
+    if inputs.train_schedule is None:
+      return inputs.train
+    return inputs.train._replace(n=revealed_counts(inputs.train.n, inputs.train_schedule, fl_round))
+
   def _prepare(self, state: SimState, train: ClientData, malicious: Optional[jax.Array] = None) -> _Prepared:
     cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
     mask_fn = self.algorithm.sampling_mask
@@ -291,7 +309,7 @@ class Simulator:
       prepare, finish = jax.jit(self._prepare), jax.jit(self._finish)
 
       def round_fn(state, inputs: RunInputs):
-        prep = prepare(state, inputs.train, inputs.malicious)
+        prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious)
         return finish(state, prep, self._client_outputs(prep, inputs), inputs)
 
       self._round = round_fn
@@ -318,7 +336,7 @@ class Simulator:
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
     :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
-    prep = self._prepare(state, inputs.train, inputs.malicious)
+    prep = self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious)
     return self._finish(state, prep, self._client_outputs(prep, inputs), inputs)
 
   def _client_outputs(self, prep: _Prepared, inputs: RunInputs) -> ClientOutput:
@@ -374,7 +392,7 @@ class Simulator:
   def score_clients(self, state: SimState, inputs: Optional[RunInputs] = None):
     """``(correct, count)`` per client of each client's own evaluation model (a dict over ``eval_models``)."""
     inputs = self.inputs if inputs is None else inputs
-    return self._eval_clients(state.server, state.clients, inputs.train, inputs.test,
+    return self._eval_clients(state.server, state.clients, self.train_at(inputs, state.round), inputs.test,
                               eval_key(state.key, state.round), inputs.malicious)
 
   def evaluation_step(self, state: SimState, inputs: RunInputs) -> dict:

@@ -30,7 +30,8 @@ def test_default_config_fields():
   c = default_data_config()
   assert set(c.keys()) == {"name", "data_dir", "cache_dir", "allow_download", "seed", "num_clients",
                            "pool", "samples_per_class", "pool_size", "max_samples_per_client", "train_ratio",
-                           "client_split", "partition", "normalize"}
+                           "client_split", "partition", "dynamics", "normalize"}
+  assert c.dynamics.to_dict() == {"fresh_fraction": 0.0, "fresh_delta": 50, "fresh_start_round": 1}  # FedVSA §4.3(d)
   assert set(c.partition.keys()) == {"name", "alpha", "classes_per_client", "min_size", "form",
                                      "balance"}
   assert (c.name, c.pool, c.train_ratio, c.normalize, c.partition.name) == ("digits", "train", 0.75, True, "dirichlet")

@@ -22,6 +22,13 @@ e.g. the partition does not change the per-class subsample):
    class mix (the class draw comes first in the stream);
 7. normalise (``normalize``) and stack into zero-padded ``[K, n_max, H, W, C]`` arrays.
 
+Data dynamics (``dynamics.fresh_fraction`` α > 0, FedVSA Table 5, :mod:`fedjax_robust.data.dynamics`): step 4
+partitions only the base labels' rows (labels renumbered 0..C_base-1, so the σ rule sees C_base classes and the
+base data); each fresh label is cut into 2N/C shards for distinct random clients; step 6 splits a client's base
+and fresh rows separately (the same ``train_ratio``), and its training rows are stored base first, then fresh,
+with a :class:`~fedjax_robust.data.dynamics.TrainSchedule` saying how many are revealed at each round. Client
+test splits hold their fresh test rows from the start (evaluation sets do not change over the run).
+
 Client indices stored in the result index the pool (for ``'all'``, rows
 ``>= len(x_train)`` are official test rows), so a partition can be saved and inspected.
 """
@@ -37,6 +44,8 @@ from ml_collections import config_dict
 import numpy as np
 
 from fedjax_robust.data import partition as P
+from fedjax_robust.data import dynamics as D
+from fedjax_robust.data.dynamics import DEFAULTS as DYNAMICS_DEFAULTS
 from fedjax_robust.data.federated import FederatedData, stack_padded
 from fedjax_robust.data.registry import get_spec
 from fedjax_robust.data.sources import RawDataset, load_raw
@@ -71,7 +80,9 @@ def default_data_config() -> ml_collections.ConfigDict:
   (dirichlet per_class: a client holding N/K samples gets no share of later classes, NIID-Bench's balance cap),
   ``samples_per_client`` and ``test_samples_per_client`` (pathological_sampled / dirichlet_sampled: rows drawn
   per client from the train pool and, with client_split='per_split', from the official test split; FedCAC spec
-  §3.2: 500 and 100).
+  §3.2: 500 and 100), ``sigma_mode`` (sigma: 'gaussian_std' (default) | 'icpp_offset' | 'variance_offset', FedVSA spec
+  §4.3(b)). ``dynamics``: ``fresh_fraction`` (α: share of fresh labels, 0 = off), ``fresh_delta`` (Δ: fresh rows a
+  client reveals per round; 0 = all at once), ``fresh_start_round`` (first FL round that reveals; FedVSA spec §4.3(d)).
 
   Optional fields are typed placeholders and ``normalize`` an ``object`` field, so
   command-line overrides (``--config.data.samples_per_class=600``,
@@ -99,6 +110,7 @@ def default_data_config() -> ml_collections.ConfigDict:
       "train_ratio": 0.75,
       "client_split": "random",
       "partition": partition,
+      "dynamics": ml_collections.ConfigDict(dict(DYNAMICS_DEFAULTS)),
       "normalize": config_dict.FieldReference(True, field_type=object),
   }, type_safe=False)
 
@@ -163,7 +175,8 @@ def partition_from_config(pcfg: Any, labels: np.ndarray, num_clients: int | None
     sigma = _get(pcfg, "sigma")
     if sigma is None:
       raise ValueError("partition 'sigma' needs a partition.sigma field (std of slot sizes)")
-    params = {"sigma": float(sigma), "classes_per_client": cpc, "min_size": min_size}
+    params = {"sigma": float(sigma), "classes_per_client": cpc, "min_size": min_size,
+              "sigma_mode": str(_get(pcfg, "sigma_mode", "gaussian_std"))}
   elif name == "natural":
     params = {"groups": groups, "min_size": max(1, min_size)}
   elif name in P.SAMPLED_PARTITIONS:
@@ -256,9 +269,30 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
                        f"got {pool_size}")
     rng = np.random.default_rng(stage_seed(seed, "pool_size"))
     candidates = np.sort(rng.choice(candidates, pool_size, replace=False))
-  parts, used = partition_from_config(
-      g("partition"), pool_y[candidates], num_clients, stage_seed(seed, "partition"),
-      groups=None if groups is None else groups[candidates], num_classes=spec.num_classes)
+  dyn = D.dynamics_from_config(g("dynamics"))
+  if dyn is not None and (client_split != "random" or pname in P.SAMPLED_PARTITIONS
+                          or g("max_samples_per_client") is not None):
+    raise ValueError("data.dynamics (fresh labels) needs client_split='random', a partition other than "
+                     f"{list(P.SAMPLED_PARTITIONS)} and no max_samples_per_client (got client_split={client_split!r}, "
+                     f"partition {pname!r}, max_samples_per_client={g('max_samples_per_client')})")
+  fresh_parts = None
+  if dyn is None:
+    parts, used = partition_from_config(
+        g("partition"), pool_y[candidates], num_clients, stage_seed(seed, "partition"),
+        groups=None if groups is None else groups[candidates], num_classes=spec.num_classes)
+  else:  # FedVSA §4.3(d): the base labels' rows partitioned as usual, the fresh labels' rows in shards
+    cand_y = pool_y[candidates]
+    classes = np.unique(cand_y)
+    fresh_labels = D.choose_fresh_labels(classes, dyn.fresh_fraction, stage_seed(seed, "fresh_labels"))
+    base_labels = np.setdiff1d(classes, fresh_labels)
+    base_rows = np.flatnonzero(~np.isin(cand_y, fresh_labels))
+    parts, used = partition_from_config(
+        g("partition"), np.searchsorted(base_labels, cand_y[base_rows]), num_clients, stage_seed(seed, "partition"),
+        groups=None if groups is None else groups[candidates][base_rows], num_classes=len(base_labels))
+    parts = [base_rows[p] for p in parts]
+    fresh_parts, per_label = D.fresh_shards(cand_y, fresh_labels, len(parts), len(classes),
+                                            stage_seed(seed, "fresh_shards"))
+    fresh_parts = [candidates[p] for p in fresh_parts]
   parts = [candidates[p] for p in parts]
   cap = g("max_samples_per_client")
   if cap is not None:
@@ -284,6 +318,17 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
     rng = np.random.default_rng(stage_seed(seed, "split"))
     train_idx = [rng.permutation(p) for p in parts]
     test_idx = [np.zeros(0, np.int64) for _ in parts]
+  schedule = None
+  if fresh_parts is not None:  # base rows first, then the fresh rows in reveal order (a prefix per round)
+    if ratio < 1.0:
+      fresh_train, fresh_test = P.train_test_split_per_client(fresh_parts, ratio, stage_seed(seed, "fresh_split"))
+    else:
+      fresh_train, fresh_test = fresh_parts, [np.zeros(0, np.int64) for _ in fresh_parts]
+    n_base = np.asarray([len(t) for t in train_idx], np.int64)
+    n_fresh = np.asarray([len(f) for f in fresh_train], np.int64)
+    train_idx = [np.concatenate([t, f]) for t, f in zip(train_idx, fresh_train)]
+    test_idx = [np.concatenate([t, f]) for t, f in zip(test_idx, fresh_test)]
+    schedule = D.make_schedule(n_base, dyn, n_base + n_fresh)
 
   def gather(index_lists, source_x, source_y):
     xs = [normalize_images(source_x[i], spec, mode) for i in index_lists]
@@ -333,12 +378,16 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
           "global_test_size": int(len(y_global)),
       },
   }
+  if schedule is not None:
+    info["dynamics"] = D.dynamics_summary(dyn, fresh_labels, base_labels, per_label, n_base, n_fresh)
+  if used["name"] == "sigma":  # FedVSA §4.3(b): the realised spread (base-label rows only with dynamics)
+    info["stats"]["sigma"] = P.sigma_partition_stats(pool_y, parts)
   return FederatedData(
       name=name, num_classes=spec.num_classes, x_train=x_train, y_train=y_train,
       n_train=n_train, x_test=x_test, y_test=y_test, n_test=n_test,
       x_global_test=x_global, y_global_test=y_global,
       client_train_indices=[np.asarray(i, np.int64) for i in train_idx],
-      client_test_indices=[np.asarray(i, np.int64) for i in test_idx], info=info)
+      client_test_indices=[np.asarray(i, np.int64) for i in test_idx], info=info, train_schedule=schedule)
 
 
 def save_federated_partition(path: str | Path, data: FederatedData) -> Path:

@@ -31,6 +31,10 @@ class FederatedData:
       (recorded so a partition can be saved, reloaded and inspected).
     client_test_indices: same for the per-client test splits.
     info: free-form provenance (source that served the data, partition params, ...).
+    train_schedule: optional :class:`~fedjax_robust.data.dynamics.TrainSchedule` (data dynamics, FedVSA
+      Table 5): client ``k``'s rows are base rows first, then fresh rows revealed over the rounds, and the engine
+      trains round ``t`` on the first ``revealed_counts(n_train, schedule, t)[k]`` rows; ``None`` = all rows
+      from the start.
   """
 
   name: str
@@ -46,6 +50,7 @@ class FederatedData:
   client_train_indices: list = dataclasses.field(default_factory=list)
   client_test_indices: list = dataclasses.field(default_factory=list)
   info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  train_schedule: Any = None
 
   @property
   def num_clients(self) -> int:

@@ -9,7 +9,9 @@ default sizes) also cover the whole pool. All randomness comes from
 ``np.random.default_rng(seed)``, so a seed fully determines the result. The exceptions
 are FedCAC's ``pathological_sampled`` / ``dirichlet_sampled`` (specs/fedcac.md §3.2):
 they draw each client's rows independently (clients may share rows, a list may repeat
-a row) from a legacy ``RandomState(seed)`` stream, exactly as the reference code does.
+a row) from a legacy ``RandomState(seed)`` stream, exactly as the reference code does,
+and FedVSA's ``sigma`` with ``sigma_mode`` ``icpp_offset`` / ``variance_offset`` (specs/fedvsa.md
+§4.3(b)): once a label's pool is exhausted it reuses rows other clients hold, as the ICPP code does.
 
 Why several Dirichlet forms: papers disagree on what "Dir(alpha)" means (see the
 FedCAC spec, A14): the per-class form (FedCC / PFLlib ``dir``: for each class,
@@ -447,26 +449,45 @@ def quantity_skew(labels, num_clients: int, seed: int, alpha: float = 0.5, dist:
 # ----------------------------------------------------------------------------- FedVSA sigma
 
 
+SIGMA_MODES = ("gaussian_std", "icpp_offset", "variance_offset")
+
+
 def sigma_label_skew(labels, num_clients: int, seed: int, sigma: float = 300.0,
                      classes_per_client: int = 2, min_size: int = 10,
-                     num_classes: int | None = None) -> IndexList:
-  """FedVSA's σ partition (spec §4.3, ``sigma_mode="gaussian_std"``).
+                     num_classes: int | None = None, sigma_mode: str = "gaussian_std") -> IndexList:
+  """FedVSA's σ partition (specs/fedvsa.md §4.3(b)); ``sigma_mode`` picks the reading of σ.
 
-  ``classes_per_client * K`` slots; each class fills an equal number of slots
-  (shuffled, no class twice in a client). Slot sizes r ~ max(min_size,
-  round(Normal(mu, sigma^2))) with ``mu = N // slots``; a class whose slots ask for
-  more than it has is scaled down proportionally. Disjoint, but it need not cover the
-  pool. σ is the standard deviation of the slot sizes, in samples.
+  ``"gaussian_std"`` (default, spec [R]): ``classes_per_client * K`` slots; each class
+  fills an equal number of slots (``2K/C``; shuffled, no class twice in a client). Slot
+  sizes r ~ max(min_size, round(Normal(mu, sigma^2))) with ``mu = N // slots``; a class
+  whose slots ask for more than it has is scaled down proportionally (``max(min_size,
+  floor(r * pool / sum r))``). Disjoint, but it need not cover the pool. σ is the
+  standard deviation of the slot sizes, in samples. The realised std of slot sizes and
+  of client sizes is logged (:func:`sigma_partition_stats`).
+
+  ``"icpp_offset"`` (the ICPP code's ``noniid_equal_label_sigma_alpha``) and
+  ``"variance_offset"`` (σ read literally as a variance): see :func:`_sigma_offset`.
+  They are NOT disjoint once a label's pool runs out (samples are then reused).
+
+  The classes are those present in ``labels`` (``num_classes``: ``0..num_classes-1``).
   """
   labels = _as_labels(labels, num_clients)
-  n_cls = _num_classes(labels, num_classes)
+  if sigma_mode not in SIGMA_MODES:
+    raise ValueError(f"unknown sigma_mode {sigma_mode!r}; use one of {list(SIGMA_MODES)}")
+  if not (sigma >= 0 and math.isfinite(sigma)):
+    raise ValueError(f"sigma must be >= 0 and finite, got {sigma}")
+  if num_classes is None:
+    classes = np.unique(labels)
+  else:
+    classes = np.arange(_num_classes(labels, num_classes))
+  n_cls = len(classes)
+  if sigma_mode != "gaussian_std":
+    return _sigma_offset(labels, num_clients, seed, float(sigma), sigma_mode, classes_per_client, classes)
   if classes_per_client < 1 or classes_per_client > n_cls:
     raise ValueError(f"classes_per_client={classes_per_client} must be in [1, num_classes={n_cls}]")
-  if not sigma >= 0:
-    raise ValueError(f"sigma must be >= 0, got {sigma}")
   rng = np.random.default_rng(seed)
   n_slots = classes_per_client * num_clients
-  slot_cls = np.resize(np.arange(n_cls), n_slots)
+  slot_cls = np.resize(classes, n_slots)
   grid = None
   for _ in range(1000):
     cand = rng.permutation(slot_cls).reshape(num_clients, classes_per_client)
@@ -477,19 +498,21 @@ def sigma_label_skew(labels, num_clients: int, seed: int, sigma: float = 300.0,
     grid = _dedupe_rows(rng.permutation(slot_cls).reshape(num_clients, classes_per_client))
   mu = labels.size // n_slots
   r = np.maximum(min_size, np.rint(rng.normal(mu, sigma, grid.shape))).astype(np.int64)
-  pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in range(n_cls)}
-  for c in range(n_cls):
+  pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+  scaled = []
+  for c in classes:
     mask = grid == c
     total, avail = r[mask].sum(), len(pools[c])
     if total > avail:
       if mask.sum() * min_size > avail:
         raise ValueError(f"class {c} has {avail} samples, fewer than {mask.sum()} slots x "
                          f"min_size={min_size}")
+      scaled.append(int(c))
       r[mask] = np.maximum(min_size, np.floor(r[mask] * avail / total)).astype(np.int64)
       while r[mask].sum() > avail:  # min_size clamping can still overshoot; trim the largest.
         pos = np.argwhere(mask)[np.argmax(r[mask])]
         r[tuple(pos)] -= 1
-  used = {c: 0 for c in range(n_cls)}
+  used = {c: 0 for c in classes}
   buckets = []
   for k in range(num_clients):
     mine = []
@@ -497,7 +520,92 @@ def sigma_label_skew(labels, num_clients: int, seed: int, sigma: float = 300.0,
       mine.append(pools[c][used[c]:used[c] + r[k, j]])
       used[c] += r[k, j]
     buckets.append(np.concatenate(mine))
+  logger.info("sigma partition (gaussian_std, sigma=%g, mu=%d, K=%d): realised std of slot sizes %.1f, of client "
+              "sizes %.1f; classes scaled down to their pool: %s", sigma, mu, num_clients, r.std(),
+              r.sum(1).std(), scaled or "none")
   return _finish(buckets)
+
+
+def _sigma_offset(labels: np.ndarray, num_clients: int, seed: int, sigma: float, mode: str,
+                  classes_per_client: int, classes: np.ndarray) -> IndexList:
+  """The ICPP code's σ rule (``icpp_offset``) and its literal-variance reading (``variance_offset``).
+
+  The classes are permuted; the first ``C // 2`` are "major", the rest "minor" (5 / 5 for
+  C = 10). Client i gets the pair ``product(major, minor)[i mod len]`` (25 pairs for C = 10):
+  ``n̄/2 + s`` samples of its major and ``n̄/2 − s`` of its minor label, with n̄ = ⌊N/K⌋ and
+  s = σ (``icpp_offset``) or √σ (``variance_offset``). The minor count is rounded
+  (``round(n̄/2 − s)``) and the major one is ``n̄ − minor``, so every client holds exactly n̄
+  rows. σ with s ≥ n̄/2 leaves no minor sample and is refused (spec §4.3(b): the journal's
+  σ ∈ {300, 600, 900} is infeasible under this rule at n̄ = 600).
+
+  Sampling follows the code: without replacement from the label's pool while it lasts;
+  once it is exhausted the shortfall is drawn from the label's other samples (rows other
+  clients already hold), so the partition is then NOT disjoint (logged with the number of
+  reused rows). A client never holds a row twice unless one slot asks for more rows than
+  its label has.
+  """
+  if classes_per_client != 2:
+    raise ValueError(f"sigma_mode={mode!r} gives every client one major and one minor label: classes_per_client "
+                     f"must be 2, got {classes_per_client}")
+  if len(classes) < 2:
+    raise ValueError(f"sigma_mode={mode!r} needs at least 2 classes, got {len(classes)}")
+  n_bar = labels.size // num_clients
+  offset = sigma if mode == "icpp_offset" else math.sqrt(sigma)
+  minor = int(round(n_bar / 2 - offset))
+  if offset >= n_bar / 2 or minor < 1:
+    what = "sigma" if mode == "icpp_offset" else "sqrt(sigma)"
+    raise ValueError(
+        f"sigma_mode={mode!r}: {what} = {offset:g} must be below n̄/2 = {n_bar / 2:g} (n̄ = ⌊{labels.size}/"
+        f"{num_clients}⌋ = {n_bar}), else the minor label gets n̄/2 − {what} <= 0 samples (spec §4.3(b)); "
+        "sigma on the sample-count scale (300/600/900) needs sigma_mode='gaussian_std'")
+  major = n_bar - minor
+  rng = np.random.default_rng(seed)
+  perm = rng.permutation(classes)
+  half = len(classes) // 2
+  pairs = [(a, b) for a in perm[:half] for b in perm[half:]]
+  pools = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+  used = {c: 0 for c in classes}
+  reused = 0
+
+  def take(c, count):
+    nonlocal reused
+    pool = pools[c]
+    got = pool[used[c]:used[c] + count]
+    used[c] += len(got)
+    short = count - len(got)
+    if short == 0:
+      return got
+    reused += short
+    others = np.setdiff1d(pool, got)
+    return np.concatenate([got, rng.choice(others, short, replace=short > len(others))])
+
+  buckets = []
+  for k in range(num_clients):
+    a, b = pairs[k % len(pairs)]
+    buckets.append(np.concatenate([take(a, major), take(b, minor)]))
+  logger.info("sigma partition (%s, sigma=%g, n̄=%d): %d major / %d minor rows per client, %d label pairs", mode,
+              sigma, n_bar, major, minor, len(pairs))
+  if reused:
+    logger.warning("sigma partition (%s): label pools ran out, %d rows were drawn again from samples other clients "
+                   "hold: the partition is not disjoint", mode, reused)
+  return _finish(buckets)
+
+
+def sigma_partition_stats(labels, parts: Sequence[np.ndarray]) -> dict:
+  """Realised statistics of a σ partition (spec §4.3(b): "log the realised std of slot sizes and of client
+  sizes"): a slot is one (client, label) pair the client holds."""
+  labels = np.asarray(labels, np.int64)
+  n_cls = int(labels.max()) + 1 if labels.size else 0
+  hist = label_histograms(labels, parts, n_cls)
+  slots = hist[hist > 0]
+  sizes = np.asarray([len(p) for p in parts])
+  all_rows = np.concatenate(parts) if len(parts) else np.zeros(0, np.int64)
+  return {"slot_size_std": float(slots.std()) if slots.size else 0.0,
+          "slot_size_mean": float(slots.mean()) if slots.size else 0.0,
+          "slot_size_min": int(slots.min()) if slots.size else 0,
+          "slot_size_max": int(slots.max()) if slots.size else 0,
+          "client_size_std": float(sizes.std()), "client_size_mean": float(sizes.mean()),
+          "rows_shared": int(len(all_rows) - len(np.unique(all_rows)))}
 
 
 def _dedupe_rows(grid: np.ndarray) -> np.ndarray:
