@@ -94,12 +94,17 @@ def default_config() -> ml_collections.ConfigDict:
       # Server-held clean data (FLTrust's root set, FLARE's auxiliary set): samples drawn from the pooled
       # training data before poisoning; built when the rule declares it needs it.
       "root_dataset_size": 100,
+      # Where the server's rows come from: train (drawn from the clients' pooled training data, FLTrust) | test
+      # (drawn from the global test set: FedVSA's evaluation data for Shapley values, spec §1.6).
+      "root_source": "train",
   })
   # What each evaluation measures (fedjax_robust/metrics/evaluators.py): auto = accuracy (+ backdoor with one),
   # or a comma-separated list such as "accuracy,backdoor".
   # robust: the global model's robust accuracy under eval.robust's attacks (fedjax_robust/adversarial/evaluation.py).
   # last_rounds: also evaluate after each of the last N rounds (papers that report the mean of the last 10).
-  c.eval = ml_collections.ConfigDict({"metrics": "auto", "last_rounds": 0,
+  # stop_at: end the run after the first evaluated round whose global_test_acc reaches it (0 = never): rounds-to-
+  # target grids (FedVSA Tables 3-4) stop once the higher target is met. One-seed runs only.
+  c.eval = ml_collections.ConfigDict({"metrics": "auto", "last_rounds": 0, "stop_at": 0.0,
                                       "robust": default_robust_eval_config()})
   # Local training objective and training attack (fedjax_robust/adversarial/objectives.py): ce | pgd_at (FedAvg-AT)
   # | fedalc | fat | trades | mart | calfat, with each objective's block adversarial.<name>.*. Attacks perturb
@@ -107,7 +112,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.adversarial = adversarial_config()
   # Cohort sampler: uniform | forced ("round:id+id,..." forced into those 1-indexed rounds, e.g. "10:3,25:3").
   # stratified: exactly `attackers` attackers per round (-1 = round(attack.fraction * cohort)), FedCC spec §2.6.
-  c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": "", "attackers": -1})
+  # exclusive: the forced clients take part only in their rounds (FedVSA's adversary, spec §2).
+  c.sampler = ml_collections.ConfigDict({"name": "uniform", "forced": "", "exclusive": False, "attackers": -1})
   c.attack = ml_collections.ConfigDict({
       # Model poisoning of the malicious clients' uploads: none | sign_flip | scaling | gaussian | lie | min_max |
       # min_sum | ipm | fang_krum | fang_median | fang_trimmed_mean | boosting (fedjax_robust/attacks/registry.py).
@@ -119,11 +125,13 @@ def default_config() -> ml_collections.ConfigDict:
       "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above
       "fields": "delta",  # upload fields the model attack poisons, comma-separated (e.g. "delta,loss")
       "data": ml_collections.ConfigDict(attacks.default_poison_config()),  # data poisoning: kind none | label_flip | backdoor | dba
-      # Client-side attack: the attackers' own local procedure (attacks/client_attacks.py). backdoor_training =
-      # FedCC's targeted attack (spec §2.4): `epochs` x [an epoch on their data, a pass over D_mal with
-      # Adam(lr, weight_decay)]; D_mal = `samples` test images of one class labelled another (attack.seed).
-      "client": ml_collections.ConfigDict({"name": "none", "epochs": 6, "lr": 5e-3, "weight_decay": 5e-3,
-                                           "samples": 1, "batch_size": 100}),
+      # Client-side attack: the attackers' own local procedure (attacks/client_attacks.py); 0 = the attack's
+      # default. backdoor_training = FedCC's targeted attack (spec §2.4): `epochs` (6) x [an epoch on their data,
+      # a pass over D_mal with Adam(lr 5e-3, weight_decay 5e-3)]; D_mal = `samples` (1) test images of one class
+      # labelled another (attack.seed). flipped_training = FedVSA's model-replacement adversary (spec §2): `epochs`
+      # (E) on `samples` (|D|/K) IID training rows with labels (y+1) mod C, with the clients' optimizer.
+      "client": ml_collections.ConfigDict({"name": "none", "epochs": 0, "lr": 0.0, "weight_decay": 0.0,
+                                           "samples": 0, "batch_size": 0}),
   })
   c.aggregator = ml_collections.ConfigDict({
       # Server aggregation rule: mean | median | trimmed_mean | krum | multi_krum | bulyan | rfa | norm_clipping |
@@ -217,6 +225,22 @@ def cohort_size(config, num_clients: int) -> int:
   if config.server.cohort_size:
     return int(config.server.cohort_size)
   return max(1, int(round(frac * num_clients)))
+
+
+def server_dataset(data, server_cfg, seed: int) -> ClientData:
+  """The server-held rows of ``config.server``: ``root_dataset_size`` rows from ``root_source``."""
+  source = str(server_cfg.get("root_source", "train"))
+  size = int(server_cfg.root_dataset_size)
+  if source == "train":
+    return root_dataset(data, size, seed)
+  if source != "test":
+    raise ValueError(f"server.root_source must be 'train' or 'test', got {source!r}")
+  total = int(len(data.y_global_test))
+  if not 0 < size <= total:
+    raise ValueError(f"server.root_dataset_size must be in [1, {total}] with root_source='test', got {size}")
+  pick = np.sort(np.random.default_rng(seed).choice(total, size, replace=False))
+  return ClientData(jnp.asarray(data.x_global_test[pick]), jnp.asarray(data.y_global_test[pick], jnp.int32),
+                    jnp.int32(size))
 
 
 def root_dataset(data, size: int, seed: int) -> ClientData:
@@ -401,11 +425,14 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   aggregator, server_data = None, None
   if entry.aggregates:  # always through a rule: the default `mean` rule also screens non-finite uploads
     aggregator = aggregator_from_config(agg_cfg if agg_cfg is not None else {"name": "mean"}, num_clients=cohort)
-    if set(aggregator.needs) & {"reference_update", "features"}:
-      server_data = root_dataset(clean, int(config.server.root_dataset_size), int(config.seed))
+    if set(aggregator.needs) - {"penultimate_weights"}:  # every other need is computed on server-held data
+      server_data = server_dataset(clean, config.server, int(config.seed))
   elif not _is_default_mean(agg_cfg):
     raise ValueError(f"algorithm {config.algorithm.name!r} aggregates nothing with a server rule; leave "
                      "aggregator.name='mean' with no parameters")
+  if server_data is None and entry.server_data(config):
+    server_data = server_dataset(clean, config.server, int(config.seed))
+
   def algorithm_with(hparams=None) -> FedAlgorithm:
     return make_algorithm(config, model, spec, aggregator, num_clients=data.num_clients, cohort=cohort,
                           attack=attack, malicious=malicious, hparams=hparams, client_attack=client_attack,
@@ -487,22 +514,22 @@ def partition_record(data) -> dict:
 
 
 def round_record(round_index: int, metrics: dict) -> dict:
-  """Host-side record of a round: every scalar metric, plus the ids of the clients the aggregator flagged.
+  """Host-side record of a round: every scalar metric, every per-client vector in cohort order (``cohort``,
+  ``aggregation_weights``, FedCAP's ``calibrated_norms``, FedVSA's ``reported_loss`` and ``shapley_values``), and
+  the ids of the clients the aggregator flagged.
 
-  A detector that thresholds a per-client norm (FedCAP's ``calibrated_norms``, compared with the absolute T_norm)
-  also gets the round's ``cohort`` and those norms in cohort order: T_norm = 10 assumes the paper's models, data
-  sizes and optimizer, so spec §6 item 13 asks for the norms to be logged to recalibrate it elsewhere.
+  Per-client detector inputs are kept so thresholds can be recalibrated offline (FedCAP spec §6 item 13: T_norm =
+  10 assumes the paper's models, data sizes and optimizer).
   """
   record: dict[str, Any] = {"round": round_index}
   for key, value in metrics.items():
     value = np.asarray(value)
     if value.ndim == 0:
       record[key] = value.item()
+    elif value.ndim == 1:
+      record[key] = (value.astype(np.float64) if value.dtype.kind == "f" else value).tolist()
   if "flagged" in metrics:
     record["flagged_clients"] = np.asarray(metrics["cohort"])[np.asarray(metrics["flagged"])].tolist()
-  if "calibrated_norms" in metrics:
-    record["cohort"] = np.asarray(metrics["cohort"]).tolist()
-    record["calibrated_norms"] = np.asarray(metrics["calibrated_norms"], np.float64).tolist()
   return record
 
 
@@ -523,12 +550,15 @@ def resume_mismatches(stored: dict, current: dict) -> list[str]:
       and not (k not in a and k in defaults and b.get(k) == defaults[k])]
 
 
-def _resume_point(config, run_dir: Path, checkpointer, config_json: dict) -> tuple[int, list[dict]]:
-  """``(completed rounds, their logged records)`` to go on from; ``(0, [])`` when there is no checkpoint."""
+def _resume_point(config, run_dir: Path, checkpointer, config_json: dict,
+                  template: SimState) -> tuple[int, list[dict], SimState | None]:
+  """``(completed rounds, their logged records, the restored state)`` to go on from; ``(0, [], None)`` when there
+  is no checkpoint. A damaged newest checkpoint is skipped for the newest one that restores
+  (:meth:`RunCheckpointer.restore_newest`: one warning line each; ``CheckpointError`` when none restores)."""
   latest = checkpointer.latest_round
   if latest is None:
     logger.info("resume: no checkpoint in %s, starting fresh", checkpointer.directory)
-    return 0, []
+    return 0, [], None
   stored = json.loads((run_dir / "config.json").read_text())
   mismatched = resume_mismatches(stored, config_json)
   if mismatched:
@@ -536,13 +566,15 @@ def _resume_point(config, run_dir: Path, checkpointer, config_json: dict) -> tup
                      "output.* and engine.* may change); use another run directory or resume=False")
   if latest > config.rounds:
     raise ValueError(f"cannot resume {run_dir} with rounds={config.rounds}: its checkpoint is after {latest} rounds")
+  state = checkpointer.restore_newest(template)
+  latest = int(state.round)
   metrics_path = run_dir / "metrics.jsonl"
   records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
   records = [r for r in records if r["round"] <= latest]  # rounds logged after the checkpoint are redone
   if [r["round"] for r in records] != list(range(1, latest + 1)):
     raise ValueError(f"cannot resume {run_dir}: {metrics_path} does not hold rounds 1..{latest}")
   logger.info("resuming %s after round %d of %d", run_dir, latest, config.rounds)
-  return latest, records
+  return latest, records, state
 
 
 def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike | None = None) -> dict:
@@ -561,7 +593,10 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   from fedjax_robust.run import eval_rounds
   evaluated = set(eval_rounds(int(config.rounds), int(config.eval_every),
                               int(config.get("eval", {}).get("last_rounds", 0))))
+  stop_at = float(config.get("eval", {}).get("stop_at", 0.0))
   if config.get("seeds") or config.get("grid"):
+    if stop_at:
+      raise ValueError("eval.stop_at stops a one-seed run; a seeds/grid program runs every round (unset one)")
     from fedjax_robust.run import run_seeds  # several seeds / grid points: one vmapped program
     return run_seeds(config, run_dir)
   exp = build_experiment(config)
@@ -576,7 +611,8 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   checkpointer = None
   if config.output.checkpoint_every > 0 or config.output.resume:
     checkpointer = RunCheckpointer(checkpoint_dir, config.output.checkpoint_every)
-  start, history = _resume_point(config, run_dir, checkpointer, config_json) if config.output.resume else (0, [])
+  start, history, restored = (_resume_point(config, run_dir, checkpointer, config_json, exp.init_state())
+                               if config.output.resume else (0, [], None))
   # Resumed at its last round, a run has nothing left to run but re-logs that round with an evaluation (below).
   writer = RunWriter(run_dir, history[:-1] if start == config.rounds else history)
   writer.write_json("config.json", config_json)
@@ -591,9 +627,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
               jax.devices(), jax.default_backend(), exp.strategy, exp.unroll, sim.cohort_size, sim.num_clients)
   logger.info("run directory: %s", writer.dir)
 
-  state = exp.init_state()
-  if start:
-    state = checkpointer.restore(state, start)
+  state = exp.init_state() if restored is None else restored
   earlier_s = history[-1]["elapsed_s"] if history else 0.0  # wall time of the sessions before this one
   t0 = time.perf_counter()
   bar = None
@@ -601,6 +635,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
     from tqdm.auto import tqdm
     bar = tqdm(total=config.rounds, initial=start, unit="round", dynamic_ncols=True)
   record: dict[str, Any] = history[-1] if history else {}
+  stopped_at = None
   for t in range(start + 1, config.rounds + 1):
     state, metrics = sim.run_round(state)
     record = round_record(t, metrics)
@@ -611,8 +646,10 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
       logger.warning("round %d: train loss is %s", t, record["train_loss"])
     writer.log_round(record)  # logged before the checkpoint: a checkpoint's rounds are always in the metrics
     history.append(record)
+    if stop_at and record.get("global_test_acc", -1.0) >= stop_at:
+      stopped_at = t
     if config.output.checkpoint_every > 0:
-      checkpointer.save(state, force=t == config.rounds)
+      checkpointer.save(state, force=t == config.rounds or stopped_at is not None)
     if bar is not None:
       bar.update(1)
       postfix = {"loss": f"{record['train_loss']:.3f}"}
@@ -620,6 +657,10 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
         if key in record:
           postfix[key.replace("_test", "").replace("client_acc_mean", "client_acc")] = f"{record[key]:.3f}"
       bar.set_postfix(postfix)
+    if stopped_at is not None:
+      logger.info("round %d: global_test_acc %.4f >= eval.stop_at %.4f, stopping", t, record["global_test_acc"],
+                  stop_at)
+      break
   if start == config.rounds:  # that round may not have been an evaluated one
     record.update(sim.evaluate(state))
     writer.log_round(record)
@@ -632,10 +673,11 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   summary = {
       "final": final,
       "final_client_acc": record.get("client_acc"),
-      "rounds": config.rounds,
+      "rounds": config.rounds if stopped_at is None else stopped_at,
+      "stopped_at_round": stopped_at,  # eval.stop_at reached (None: ran every round)
       "resumed_from_round": start,
       "wall_time_s": earlier_s + session_s,
-      "rounds_per_s": (config.rounds - start) / session_s if config.rounds > start else None,
+      "rounds_per_s": ((stopped_at or config.rounds) - start) / session_s if config.rounds > start else None,
       "strategy": exp.strategy,
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],

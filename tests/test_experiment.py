@@ -73,8 +73,8 @@ def test_same_seed_same_metrics(tmp_path):
 def test_every_algorithm_is_covered_here():
   from fedjax_robust.experiment import ALGORITHMS
   assert set(ALGORITHMS) == {"fedavg", "fedprox", "fedavg_ft", "fedbn", "local", "fedcap", "ditto", "fedrod", "fedfomo",
-                             "fedcac", "fedper", "fedrep", "fedamp",
-                             "scaffold", "feddyn", "fednova", "feddc"}
+                             "fedcac", "fedper", "fedrep", "fedamp", "feddisco", "fedlaw",
+                             "scaffold", "feddyn", "fednova", "feddc", "fedvsa"}
 
 
 @pytest.mark.parametrize("algorithm", ["fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod", "fedfomo"])
@@ -137,7 +137,9 @@ REAL_DATA_CONFIGS = {"mnist_fedavg": "mnist", "fashion_mnist_fedprox": "fashion_
 # Loaded (not built: decoding CIFAR-100's PNGs takes minutes) in tests/test_fedcc_setup.py; and the shared
 # setting the FedCC files call.
 LOAD_ONLY_CONFIGS = {"fedcc_cifar100", "fedcc_setting", "fedalc_setting", "fedalc_cifar10", "fedcac_setting",
-                     "fedcac_cifar10", "fedcac_cifar100", "fedcac_tiny_imagenet"}
+                     "fedcac_cifar10", "fedcac_cifar100", "fedcac_tiny_imagenet",
+                     # FedVSA's: built in tests/test_fedvsa_setup.py with fewer clients (the setting warm-starts).
+                     "fedvsa_setting", "fedvsa_mnist", "fedvsa_fmnist", "fedvsa_cifar10"}
 
 
 # Configs whose data is not available offline here: they must load and fail fast with a clear error.
@@ -501,4 +503,4 @@ def test_fedcap_drift_report_by_hand():
 def test_load_only_configs_load(name):
   """Configs whose data or model is too slow to build here (CIFAR-100 PNGs, ResNets) still load and name them."""
   c = load_config(name)
-  assert c.data.name in ("cifar10", "cifar100", "tiny_imagenet") and c.model.name
+  assert c.data.name in ("cifar10", "cifar100", "tiny_imagenet", "mnist", "fashion_mnist") and c.model.name

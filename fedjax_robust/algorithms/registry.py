@@ -99,6 +99,9 @@ class AlgorithmEntry(NamedTuple):
   full_cohort: Callable[[Any], bool] = lambda config: False
   supports_client_attack: bool = False  # builds malicious_update from ctx.client_attack
   supports_objective: bool = False  # trains with ctx.objective (adversarial training, FedALC)
+  # Whether the run must give the server step server-held data (context.server_data), from the config: FedVSA's
+  # Shapley utility, FedLAW's proxy set. Rules declare theirs through Aggregator.needs.
+  server_data: Callable[[Any], bool] = lambda config: False
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {}
@@ -333,6 +336,47 @@ register_algorithm("fedamp", _build_fedamp, aggregates=False, resets_client_opti
 })
 
 
+def _build_fedvsa(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.fedvsa import make_fedvsa
+  f = ctx.options
+  return make_fedvsa(
+      ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, num_clients=ctx.num_clients, cohort_size=ctx.cohort,
+      inference_loss_kind=str(f.inference_loss), inference_reduction=str(f.inference_reduction),
+      inference_batch_size=int(f.inference_batch_size), clip_mode=str(f.clip_mode), clip_value=float(f.clip_value),
+      temperature=float(f.temperature), detection=str(f.detection), audit_reference=str(f.audit_reference),
+      audit_quorum=float(f.audit_quorum), shapley_exact_max=int(f.shapley_exact_max),
+      shapley_permutations=int(f.shapley_permutations), shapley_tol=float(f.shapley_tol),
+      shapley_chunk=int(f.shapley_chunk), flag_rule=str(f.flag_rule), flag_eps=float(f.flag_eps),
+      hotfix=str(f.hotfix), tau=float(f.tau), blacklist=bool(f.blacklist), mu=float(f.mu),
+      persist_client_opt_state=ctx.persist, client_attack=ctx.client_attack,
+      eval_batch_size=int(ctx.config.engine.eval_batch_size))
+
+
+# FedVSA (spec fedvsa.md §1.3-1.9): defaults are the spec's [R] resolutions.
+register_algorithm("fedvsa", _build_fedvsa, aggregates=False, supports_client_attack=True,
+                   server_data=lambda config: config.algorithm.fedvsa.detection in ("full", "no_audit"), options={
+    "inference_loss": "ce",  # ce | mse | l1 (softmax vs one-hot; Table 8)
+    "inference_reduction": "mean",  # mean | sum (Eq. 1) | sum_batch_means (ICPP code), spec A1
+    "inference_batch_size": 256,  # rows per forward pass of the inference-loss scoring
+    "clip_mode": "mean",  # mean | median | fixed (clip_value) | none (Fig. 4 ablation)
+    "clip_value": 0.0,
+    "temperature": 1.0,  # softmax temperature T_s (1 in the paper)
+    "detection": "full",  # full | off (aggregation only) | no_audit (Shapley every round) | no_shapley (Fig. 5)
+    "audit_reference": "prev_round_max",  # prev_round_max | running_max_all_history | per_client_last
+    "audit_quorum": 0.5,  # Dr = 1 when >= quorum of the reporters exceed the reference
+    "shapley_exact_max": 10,  # exact 2^C enumeration up to this cohort size, TMC beyond
+    "shapley_permutations": 50,  # TMC permutations P
+    "shapley_tol": 0.0,  # TMC truncation tolerance (accuracy units)
+    "shapley_chunk": 64,  # coalition models built and scored at once
+    "flag_rule": "lt0",  # lt0: phi < -flag_eps | le0: phi <= flag_eps
+    "flag_eps": 0.0,
+    "hotfix": "subtract",  # subtract tau * flagged weighted updates | reaggregate (recon of the kept clients)
+    "tau": 1.0,
+    "blacklist": False,  # flagged clients are left out for the rest of the run
+    "mu": 0.0,  # FedProx's proximal term in the local rule (Table 9's plug-in)
+})
+
+
 # Heterogeneity-tolerant baselines of FedVSA (spec fedvsa.md §3): SCAFFOLD, FedDyn, FedNova, FedDC
 # (fedjax_robust/algorithms/{scaffold,feddyn,fednova,feddc}.py). Each re-creates the client optimizer every round;
 # SCAFFOLD, FedDyn and FedDC average through the run's aggregation rule (default: the sample-weighted mean; the
@@ -403,4 +447,42 @@ register_algorithm("fednova", _build_fednova, resets_client_optimizer=True)
 register_algorithm("feddc", _build_feddc, resets_client_optimizer=True, traced=("alpha",), options={
     "alpha": 0.01,  # drift-penalty weight (alpha/2)||theta + h_i - w||^2 (Gao et al. 2022; official code 1e-2)
     "drift_mean": "cohort",  # w = mean over the cohort of theta_i + h_i | all: mean_S theta_i + mean_all h_i (code)
+})
+
+
+# FedVSA's weighting baselines (spec fedvsa.md §3): FedDisco (algorithms/feddisco.py, Ye et al. ICML 2023) and
+# FedLAW (algorithms/fedlaw.py, Li et al. ICML 2023), both the FedAvg family's clients.
+def _build_feddisco(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.feddisco import make_feddisco
+  f = ctx.options
+  return make_feddisco(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, a=scalar(f.a), b=scalar(f.b),
+                       distance=str(f.distance), reference=str(f.reference), aggregator=ctx.aggregator,
+                       persist_client_opt_state=ctx.persist, client_attack=ctx.client_attack,
+                       objective=ctx.objective)
+
+
+def _build_fedlaw(ctx: BuildContext) -> FedAlgorithm:
+  from fedjax_robust.algorithms.fedlaw import NO_SERVER_DATA, make_fedlaw
+  if int(ctx.config.server.root_dataset_size) <= 0:
+    raise ValueError(NO_SERVER_DATA)
+  f = ctx.options
+  return make_fedlaw(ctx.model, ctx.client_opt, ctx.spec, ctx.server_opt, server_epochs=int(f.server_epochs),
+                     server_lr=float(f.server_lr), server_batch_size=int(f.server_batch_size),
+                     lr_decay_every=int(f.lr_decay_every), persist_client_opt_state=ctx.persist,
+                     client_attack=ctx.client_attack, objective=ctx.objective)
+
+
+register_algorithm("feddisco", _build_feddisco, traced=("a", "b"), supports_client_attack=True,
+                   supports_objective=True, options={
+    "a": 0.5,  # p_k ∝ ReLU(n_k - a d_k + b) (Eq. 5; official code defaults a 0.5, b 0.1)
+    "b": 0.1,
+    "distance": "l2",  # d_k: l2 | l1 | kl (KL(q_k || r) normalised over the cohort, the official code's)
+    "reference": "uniform",  # the global label distribution r: uniform | cohort (the round's pooled labels)
+})
+register_algorithm("fedlaw", _build_fedlaw, aggregates=False, supports_client_attack=True, supports_objective=True,
+                   server_data=lambda config: True, options={
+    "server_epochs": 20,  # epochs over the proxy set (server.root_dataset_size rows) per round (official code)
+    "server_lr": 0.01,  # Adam(betas 0.5, 0.999) on (theta, log gamma); the code's CIFAR-10 value
+    "server_batch_size": 128,
+    "lr_decay_every": 20,  # halve the lr every this many epochs (StepLR); 0 = constant
 })

@@ -177,7 +177,7 @@ def merge_base_head(base: Mapping[str, Any], head: Any) -> dict:
 __all__ = [
     "MODELS", "DEFAULT_INPUT_SHAPES", "get_model", "get_model_from_config",
     "model_kwargs", "init_params", "count_params", "split_base_head",
-    "merge_base_head", "init_variables", "Model", "make_model", "as_model",
+    "merge_base_head", "Model", "make_model", "as_model",
     "as_variables", "split_variables", "merge_variables", "stateless_apply",
     "require_stateless", "train_logits", "BNCNN", "MLP", "FedAvgCNN", "EMNISTCNN", "HARCNN", "LeNet5", "MnistCNN",
     "CifarCNN", "AlexNet28", "CifarResNet18", "TorchDense", "TorchConv", "torch_uniform_init", "CONV_IMPLS",

@@ -1,0 +1,110 @@
+"""FedVSA's setting (experiments/configs/fedvsa_*.py, spec §4) and its tables script (experiments/fedvsa_tables.py)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedjax_robust.config_files import load_module
+from fedjax_robust.experiment import ALGORITHMS, build_experiment
+from fedjax_robust.aggregators.registry import AGGREGATORS
+
+REPO = Path(__file__).resolve().parents[1]
+SETTING = load_module(REPO / "experiments" / "configs" / "fedvsa_setting.py")
+sys.path.insert(0, str(REPO / "experiments"))
+import fedvsa_tables as T  # noqa: E402
+
+
+def config(dataset, arg):
+  return load_module(REPO / "experiments" / "configs" / f"fedvsa_{dataset}.py").get_config(arg)
+
+
+def test_setting_matches_the_spec():
+  c = config("mnist", "sigma900")
+  assert (c.data.name, c.data.num_clients, c.server.participation, c.client.epochs, c.client.batch_size) == (
+      "mnist", 100, 0.3, 5, 10)
+  assert (c.client.optimizer, c.client.lr, c.client.momentum, c.model.name) == ("sgd", 0.01, 0.0, "lenet5")
+  assert (c.data.partition.name, c.data.partition.sigma, c.init.pretrain_rounds, c.rounds) == ("sigma", 900.0, 5,
+                                                                                                1000)
+  assert c.eval.stop_at == 0.95 and c.algorithm.name == "fedvsa" and c.server.root_source == "test"
+  assert config("fmnist", "dir0.1").model.name == "alexnet28"
+  assert config("fmnist", "dir0.1").eval.stop_at == 0.80 and config("fmnist", "dir0.1").data.partition.alpha == 0.1
+  cifar = config("cifar10", "sigma600,fedavg")
+  assert (cifar.model.name, cifar.model.norm, cifar.eval.stop_at, cifar.algorithm.name) == (
+      "cifar_resnet18", "group", 0.60, "fedavg")
+
+
+def test_every_method_names_a_registered_algorithm_and_rule():
+  assert set(SETTING.METHODS) == set(T.METHODS)
+  for method, (algorithm, options, aggregator) in SETTING.METHODS.items():
+    assert algorithm in ALGORITHMS
+    assert not aggregator or aggregator["name"] in AGGREGATORS
+    c = config("mnist", f"dir0.5,{method}")
+    for key, value in options.items():
+      assert c.algorithm[algorithm][key] == value
+
+
+def test_attack_and_dynamics_variants():
+  c = config("mnist", "sigma300,median,attack")
+  assert (c.attack.name, c.attack.params.factor, c.attack.client.name, c.attack.clients) == (
+      "scaling", 30.0, "flipped_training", "0")
+  assert (c.sampler.name, c.sampler.forced, c.sampler.exclusive, c.rounds, c.eval.stop_at) == (
+      "forced", "10:0,25:0,50:0", True, 60, 0.0)
+  d = config("fmnist", "dir0.1,fedvsa,fresh0.3")
+  assert d.data.dynamics.fresh_fraction == 0.3 and d.data.dynamics.fresh_delta == 50 and d.eval.stop_at == 0.0
+  for bad in ("sigma100", "dir0.1,fedsgd", "sigma900,fresh0.9"):
+    with pytest.raises(ValueError):
+      config("mnist", bad)
+
+
+def test_mnist_setting_builds_on_the_offline_data_with_fewer_clients():
+  c = config("mnist", "sigma900")
+  c.data.data_dir = str(REPO.parent / "shared" / "data")
+  c.data.num_clients, c.data.pool_size, c.init.pretrain_rounds = 10, 3000, 0
+  exp = build_experiment(c)
+  assert exp.simulator.cohort_size == 3 and exp.simulator.server_data is not None
+  assert int(exp.simulator.server_data.n) == 2000
+
+
+def test_rounds_to_target_and_paper_tables():
+  assert T.rounds_to([0.5, 0.89, 0.9, 0.97], 0.9) == 3 and T.rounds_to([0.5, 0.6], 0.9) is None
+  assert T.PAPER_T3["mnist"]["fedavg"][("sigma300", 0)] == 114
+  assert T.PAPER_T3["mnist"]["multi_krum"][("sigma900", 1)] is None  # ">1000"
+  assert T.PAPER_T4["cifar10"]["fedvsa"][("dir0.5", 1)] == 42
+  assert T.PAPER_T5["fmnist"][("dir0.1", 0.3)]["feddisco"] == 82.15
+  # Spec §5: every S↑ agrees with #R / #R(FedVSA) within ±0.01 except one typo; spot-check two.
+  assert T._speedup(T.PAPER_T3["mnist"]["fedavg"][("sigma300", 0)], 27) == "4.22×"
+  assert T._speedup(T.PAPER_T4["fmnist"]["fedlaw"][("dir0.1", 1)], 63) == "1.08×"
+
+
+def _cell(acc, targets=(0.9, 0.95)):
+  return {"global_test_acc_per_round": acc, "targets": list(targets), "value": 100 * acc[-1],
+          "last10": 100 * sum(acc[-10:]) / len(acc[-10:]), "rounds_run": len(acc),
+          "rounds_low": T.rounds_to(acc, targets[0]), "rounds_high": T.rounds_to(acc, targets[1]), "rounds": 50,
+          "config": {"init": {"pretrain_rounds": 5}, "data": {"num_clients": 20}}, "backend": "cpu"}
+
+
+def test_table3_renders_ours_next_to_the_papers(tmp_path):
+  results = {T.cell_key("mnist", "sigma900", "fedavg"): _cell([0.5, 0.85, 0.91, 0.93]),
+             T.cell_key("mnist", "sigma900", "fedvsa"): _cell([0.6, 0.92, 0.96])}
+  table = T.table3(results)
+  assert "| FedAvg | 3 / 307 | 1.50× / 4.09× | >4 / 724 | - / 2.21× |" in table
+  assert "| **FedVSA** | 2 / 75 | 1.00× / 1.00× | 3 / 328 | 1.00× / 1.00× |" in table
+  assert "20 clients" in table
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  out = subprocess.run([sys.executable, "experiments/fedvsa_tables.py", "--mode", "table3", "--from_json", str(path)],
+                       cwd=REPO, capture_output=True, text=True, check=True).stdout
+  assert out == table
+
+
+def test_fig3_table_reads_the_rounds_around_each_attack():
+  acc = [0.9] * 60
+  acc[9], acc[24] = 0.02, 0.05
+  results = {T.cell_key("mnist", "sigma900", "fedvsa", attack=True): {**_cell(acc), "rounds": 60}}
+  table = T.fig3(results)
+  assert "| mnist | **FedVSA** | 90.0 / 2.0 / 90.0 | 90.0 / 5.0 / 90.0 | 90.0 / 90.0 / 90.0 |" in table
+  assert not math.isnan(T._reduced_note(results).count("60"))
