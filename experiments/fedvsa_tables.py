@@ -11,7 +11,8 @@ Modes:
   partitions (Table 3) or Dir(β) (Table 4). A cell stops once its higher target is reached (``eval.stop_at``).
 * ``table5``: final accuracy and the mean of the last 10 rounds with data dynamics (``fresh<α>``).
 * ``fig3``: model replacement at rounds 10, 25, 50: accuracy just before, at and after each attack round, and a
-  PNG of the curves (``--figure``).
+  PNG of the curves (``--figure``); ``fig5``: the same for FedVSA's ablations (w/o loss comparison, w/o Shapley
+  value, aggregation only, and Fig. 4's w/o clipping).
 
 Every cell is one run directory under ``--out_dir`` and one entry of ``results*.json`` there, with its resolved
 config, per-round accuracy, seeds, commit, command, device and wall time (``grid.run_cells``). Cells not run are
@@ -38,6 +39,10 @@ LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "scaffold": "SCAFFOLD", "fed
           "feddc": "FedDC", "feddisco": "FedDisco", "fedlaw": "FedLAW", "median": "Median", "multi_krum": "Multi-Krum",
           "zeno": "Zeno++", "dnc": "DnC", "rfa": "RAF", "fedvsa": "**FedVSA**"}
 FIG3_METHODS = ("fedavg", "multi_krum", "zeno", "median", "dnc", "rfa", "fedvsa")
+# Fig. 5 (detection ablations under the same attack) and Fig. 4 (no clipping).
+ABLATIONS = ("fedvsa", "fedvsa_no_audit", "fedvsa_no_shapley", "fedvsa_aggregation_only", "fedvsa_noclip")
+LABELS.update({"fedvsa_no_audit": "FedVSA w/o loss comparison", "fedvsa_no_shapley": "FedVSA w/o Shapley value",
+               "fedvsa_aggregation_only": "FedVSA aggregation only", "fedvsa_noclip": "FedVSA w/o clipping"})
 ATTACK_ROUNDS = (10, 25, 50)
 NONE = None  # the paper's ">1000"
 
@@ -250,16 +255,21 @@ def table5(results: dict) -> str:
   return "\n".join(lines) + "\n" + _reduced_note(results)
 
 
-def fig3_rows(results: dict) -> list[tuple[str, str, dict]]:
-  return [(parse_key(k)[0], parse_key(k)[2], v) for k, v in sorted(results.items()) if parse_key(k)[4]]
+def fig3_rows(results: dict, methods=FIG3_METHODS) -> list[tuple[str, str, dict]]:
+  return [(parse_key(k)[0], parse_key(k)[2], v) for k, v in sorted(results.items())
+          if parse_key(k)[4] and parse_key(k)[2] in methods]
 
 
-def fig3(results: dict) -> str:
+def fig5(results: dict) -> str:
+  return fig3(results, ABLATIONS, "Figs. 4-5 — FedVSA's ablations under model replacement")
+
+
+def fig3(results: dict, methods=FIG3_METHODS, title: str = "Fig. 3 — model replacement") -> str:
   """Accuracy (%) at rounds t-1, t (the attack round) and t+1 for each attack round the run reached."""
-  lines = ["**Fig. 3 — model replacement** (global test accuracy %, round before / attack round / round after)", "",
+  lines = [f"**{title}** (global test accuracy %, round before / attack round / round after)", "",
            "| Dataset | Method | " + " | ".join(f"t={t}" for t in ATTACK_ROUNDS) + " |",
            "|---" * (2 + len(ATTACK_ROUNDS)) + "|"]
-  for dataset, method, cell in fig3_rows(results):
+  for dataset, method, cell in fig3_rows(results, methods):
     acc = cell["global_test_acc_per_round"]
     parts = []
     for t in ATTACK_ROUNDS:
@@ -268,11 +278,11 @@ def fig3(results: dict) -> str:
   return "\n".join(lines) + "\n\n" + _reduced_note(results)
 
 
-def fig3_figure(results: dict, path: Path) -> None:
+def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  rows = fig3_rows(results)
+  rows = fig3_rows(results, methods)
   datasets = sorted({d for d, _, _ in rows})
   fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 3.8), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
@@ -291,7 +301,7 @@ def fig3_figure(results: dict, path: Path) -> None:
   fig.savefig(path.with_suffix(".svg"))
 
 
-TABLES = {"table3": table3, "table4": table4, "table5": table5, "fig3": fig3}
+TABLES = {"table3": table3, "table4": table4, "table5": table5, "fig3": fig3, "fig5": fig5}
 
 
 def cells_of(mode: str, datasets, partitions, methods, fresh=(0.1, 0.3, 0.5)):
@@ -302,7 +312,8 @@ def cells_of(mode: str, datasets, partitions, methods, fresh=(0.1, 0.3, 0.5)):
   if mode == "table5":
     return [(d, p, m, a, False) for d in datasets for p, a in T5_SETTINGS if p in partitions and a in fresh
             for m in methods]
-  return [(d, p, m, 0.0, True) for d in datasets for p in partitions[:1] for m in methods if m in FIG3_METHODS]
+  allowed = FIG3_METHODS if mode == "fig3" else ABLATIONS
+  return [(d, p, m, 0.0, True) for d in datasets for p in partitions[:1] for m in methods if m in allowed]
 
 
 def main():
@@ -310,7 +321,7 @@ def main():
   parser.add_argument("--mode", choices=tuple(TABLES), default="table3")
   parser.add_argument("--datasets", default="mnist")
   parser.add_argument("--partitions", default="", help="default: the mode's (σ for table3, Dir for table4, ...)")
-  parser.add_argument("--methods", default=",".join(METHODS))
+  parser.add_argument("--methods", default="", help="default: the mode's (14 methods; fig5: FedVSA's ablations)")
   parser.add_argument("--fresh", default="0.1,0.3,0.5", help="table5: the α values")
   parser.add_argument("--pretrain", type=int, default=5, help="warm-start FedAvg rounds (spec §4.6)")
   parser.add_argument("--figure", default="", help="fig3: also write the curves to this PNG (and SVG)")
@@ -321,19 +332,22 @@ def main():
   if args.from_json:
     results = json.loads(Path(args.from_json).read_text())
     if args.figure:
-      fig3_figure(results, Path(args.figure))
+      fig3_figure(results, Path(args.figure), FIG3_METHODS if args.mode == "fig3" else ABLATIONS)
     print(TABLES[args.mode](results), end="")
     return
   logging.basicConfig(level=logging.WARNING)
-  default_partitions = {"table3": SIGMAS, "table4": DIRS, "table5": ("sigma900", "dir0.1"), "fig3": ("sigma900",)}
+  default_partitions = {"table3": SIGMAS, "table4": DIRS, "table5": ("sigma900", "dir0.1"), "fig3": ("sigma900",),
+                        "fig5": ("sigma900",)}
+  methods = [m for m in args.methods.split(",") if m] or list(ABLATIONS if args.mode == "fig5" else METHODS)
   partitions = [p for p in args.partitions.split(",") if p] or list(default_partitions[args.mode])
   cells = [(cell_key(*c), cell_config(*c, args), make_record(c[0], c[1]))
            for c in cells_of(args.mode, [d for d in args.datasets.split(",") if d in DATASETS], partitions,
-                             [m for m in args.methods.split(",") if m in METHODS],
+                             [m for m in methods if m in METHODS + ABLATIONS],
                              tuple(float(a) for a in args.fresh.split(",") if a))]
   table = grid.run_and_tabulate(cells, args, TABLES[args.mode])
-  if args.mode == "fig3" and args.figure:
-    fig3_figure(grid.merged_results(Path(args.out_dir)), Path(args.figure))
+  if args.mode in ("fig3", "fig5") and args.figure:
+    fig3_figure(grid.merged_results(Path(args.out_dir)), Path(args.figure),
+                FIG3_METHODS if args.mode == "fig3" else ABLATIONS)
   print(table)
 
 

@@ -38,7 +38,7 @@ def test_setting_matches_the_spec():
 
 
 def test_every_method_names_a_registered_algorithm_and_rule():
-  assert set(SETTING.METHODS) == set(T.METHODS)
+  assert set(SETTING.METHODS) == set(T.METHODS) | set(T.ABLATIONS)
   for method, (algorithm, options, aggregator) in SETTING.METHODS.items():
     assert algorithm in ALGORITHMS
     assert not aggregator or aggregator["name"] in AGGREGATORS

@@ -52,6 +52,11 @@ METHODS = {
     "dnc": ("fedavg", {}, {"name": "dnc", "num_byzantine": 1}),
     "rfa": ("fedavg", {}, {"name": "rfa", "max_iter": 3, "smoothing": 1e-6}),  # ν = 1e-6, 3 Weiszfeld steps
     "fedvsa": ("fedvsa", {}, {}),
+    # Ablations (Figs. 4-5): no clipping of the reported losses; Shapley every round; audit only; aggregation only.
+    "fedvsa_noclip": ("fedvsa", {"clip_mode": "none"}, {}),
+    "fedvsa_no_audit": ("fedvsa", {"detection": "no_audit"}, {}),
+    "fedvsa_no_shapley": ("fedvsa", {"detection": "no_shapley"}, {}),
+    "fedvsa_aggregation_only": ("fedvsa", {"detection": "off"}, {}),
 }
 ATTACK_ROUNDS = (10, 25, 50)
 
@@ -115,7 +120,7 @@ def get_config(dataset: str, arg: str = "sigma900"):
     c.aggregator = ml_collections.ConfigDict(aggregator)
   # Server-held rows: FedVSA's Shapley utility and Zeno++'s server batch from the test set, FedLAW's proxy set.
   c.server.root_source = "train" if method == "fedlaw" else "test"
-  c.server.root_dataset_size = 2000 if method == "fedvsa" else 200
+  c.server.root_dataset_size = 2000 if algorithm == "fedvsa" else 200
   if attack:
     c.attack.name, c.attack.clients, c.attack.fields = "scaling", "0", "delta"
     c.attack.params = ml_collections.ConfigDict({"factor": 30.0})  # γ = 1/p̂ = m^t (spec A13)
