@@ -19,7 +19,10 @@ in ``context.extras``:
 * ``features``: each client model's penultimate activations on the server-held
   data, ``[C, m, d]`` (FLARE's PLRs);
 * ``penultimate_weights``: each client model's penultimate Dense kernel
-  ``[C, d_in, d_out]`` and the global one under ``global_penultimate_weights``.
+  ``[C, d_in, d_out]`` and the global one under ``global_penultimate_weights``;
+* ``server_losses``: the mean cross-entropy (eval mode) on the server-held data of
+  each client model ``[C]`` and of the global model under ``global_server_loss``
+  (Zeno++'s scores).
 
 Server-held data (FLTrust's root set, FedVSA's validation set) is an argument of
 the jitted round (``Simulator(server_data=...)``), never a constant closed over
@@ -33,9 +36,11 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_robust.metrics.evaluation import score_models, score_one
+
 PyTree = Any
 
-NEEDS = ("reference_update", "features", "penultimate_weights")
+NEEDS = ("reference_update", "features", "penultimate_weights", "server_losses")
 
 
 class RoundContext(NamedTuple):
@@ -90,13 +95,14 @@ def penultimate_kernel(params: PyTree, layer: str) -> jax.Array:
 
 def compute_needs(needs, context: RoundContext, deltas: PyTree, *, features_fn: Optional[Callable] = None,
                   penultimate: Optional[str] = None, reference_update: Optional[Callable] = None,
-                  max_server_rows: int = 256) -> RoundContext:
+                  max_server_rows: int = 256, logits_fn: Optional[Callable] = None) -> RoundContext:
   """Fills ``context.extras`` with what ``needs`` asks for, from the cohort's ``deltas`` ``[C, ...]``.
 
   Client ``i``'s model is ``global_params + deltas[i]`` (uploads after attacks, so a poisoned upload is what the
   rule judges). ``features_fn(params, x) -> [m, d]``; ``penultimate``: the layer name (``model.penultimate``);
-  ``reference_update(global_params, server_data, key-free) -> update``. ``features`` use at most
-  ``max_server_rows`` real rows of the server data (FLARE's auxiliary set is small).
+  ``reference_update(global_params, server_data, key-free) -> update``; ``logits_fn(params, x) -> logits``
+  (eval mode). ``features`` and ``server_losses`` use at most ``max_server_rows`` real rows of the server data
+  (FLARE's auxiliary set and Zeno++'s server batch are small).
   """
   extras = {}
   needs = tuple(needs)
@@ -127,4 +133,16 @@ def compute_needs(needs, context: RoundContext, deltas: PyTree, *, features_fn: 
     g = penultimate_kernel(gp, penultimate)
     extras["penultimate_weights"] = g[None] + penultimate_kernel(deltas, penultimate)
     extras["global_penultimate_weights"] = g
+  if "server_losses" in needs:
+    if context.server_data is None:
+      raise ValueError("the rule needs server losses (Zeno++) on server-held data, and the run gives none: "
+                       "set server.root_dataset_size > 0")
+    if logits_fn is None:
+      raise ValueError("the rule needs server losses (Zeno++): this algorithm passes no logits function")
+    data = context.server_data
+    rows = min(int(data.y.shape[0]), int(max_server_rows))
+    x, y, n = data.x[:rows], data.y[:rows], jnp.minimum(data.n, rows)
+    own = lambda d, xb: logits_fn(jax.tree.map(jnp.add, gp, d), xb)  # client model = global + delta
+    extras["server_losses"] = score_models(own, deltas, x, y, n, model_chunk=1).mean_loss  # one client at a time
+    extras["global_server_loss"] = score_one(logits_fn, gp, x, y, n).mean_loss
   return context.with_extras(**extras)

@@ -453,6 +453,8 @@ RULES = {  # name -> params, for C = 9 clients
     "fedcc": {"layer": "w"},  # the penultimate kernel is the leaf "w" (C, 2, 3): 3 rows of 2
     "bucketing": {"s": 2, "inner": {"name": "median"}},
     "gas": {"p": 2, "num_byzantine": 1, "inner": {"name": "median"}},
+    "dnc": {"num_byzantine": 1, "sub_dim": 5},  # D = 8: a random 5 of them
+    "zeno": {"b": 1},  # context["server_losses"] below
 }
 
 
@@ -468,11 +470,18 @@ def _tree(c, seed=0):
 def _context(c, seed=0):
   ref = jax.tree.map(lambda x: jnp.mean(x, 0), _tree(c, seed))
   return {"reference_update": ref, "features": jax.random.normal(jax.random.PRNGKey(seed + 9), (c, 4)),
-          "global_params": ref}
+          "global_params": ref, "server_losses": jax.random.uniform(jax.random.PRNGKey(seed + 7), (c,)),
+          "global_server_loss": jnp.float32(0.5)}
+
+
+def _take(ctx, idx):
+  """The per-client context entries for the clients ``idx`` (in that order)."""
+  return dict(ctx, features=ctx["features"][idx], server_losses=ctx["server_losses"][idx])
 
 
 PERMUTATION_INVARIANT = {"mean", "median", "trimmed_mean", "krum", "multi_krum", "bulyan", "rfa", "geometric_median",
-                         "centered_clipping", "norm_clipping", "fltrust", "clustered", "flare", "fedcc"}
+                         "centered_clipping", "norm_clipping", "fltrust", "clustered", "flare", "fedcc", "dnc",
+                         "zeno"}
 
 
 def _leaves_close(a, b, atol=1e-4):
@@ -506,7 +515,7 @@ def test_every_rule_pytree_jit_mask_nonfinite_permutation(name):
   if name in PERMUTATION_INVARIANT:
     perm = np.array([4, 0, 8, 2, 7, 1, 3, 6, 5])
     pu = jax.tree.map(lambda x: x[perm], u)
-    permuted = f(pu, w[perm], ones, KEY, dict(ctx, features=ctx["features"][perm]))
+    permuted = f(pu, w[perm], ones, KEY, _take(ctx, perm))
     _leaves_close(full.update, permuted.update, atol=1e-5)
     close(full.weights[perm], permuted.weights)
     assert full.flagged[perm].tolist() == permuted.flagged.tolist()
@@ -521,7 +530,7 @@ def test_every_rule_pytree_jit_mask_nonfinite_permutation(name):
   assert not masked.flagged[~mask].any()
   if name != "bucketing":  # bucketing's random buckets depend on C, not only on the valid clients
     sub = jax.tree.map(lambda x: x[keep], u)
-    small = f(sub, w[keep], jnp.ones(len(keep), bool), KEY, dict(ctx, features=ctx["features"][keep]))
+    small = f(sub, w[keep], jnp.ones(len(keep), bool), KEY, _take(ctx, keep))
     _leaves_close(masked.update, small.update)
     close(masked.weights[keep], small.weights)
 

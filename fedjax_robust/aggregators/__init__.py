@@ -23,8 +23,8 @@ flagged clients, diagnostics). Conventions (validity, NaN/Inf screening): ``base
 | fedcc | similarity ("kernel_cka"), sigma (1), bandwidth ("nonzero_median"), debiased, mmd_gamma (1), tie_break, variant ("v2"), layer, weighted (False) | variant="v3_layerwise" (fedcc §1.9), compat_drop_zero_scores (§1.5), compat_benign_only (§1.10); needs context["penultimate_weights"] unless layer= |
 | bucketing | inner, s (2) | fixed_seed: FedCAP's same permutation every round (fedcap §3) |
 | gas | inner, p (1000), num_byzantine (inner's), permute (True) | |
-
-Not implemented: Zeno++ (needs server-side loss evaluation; fedvsa §3) and DnC.
+| dnc | num_byzantine, c (1.0), niters (1), sub_dim (10000), weighted (False) | needs a key (coordinate sampling; fedvsa §3) |
+| zeno | rho (5e-4), b (1), weighted (False) | synchronous Zeno++ (fedvsa §3); needs context["server_losses"] (server-held data) |
 """
 
 from fedjax_robust.aggregators.base import AggregateResult, Aggregator, sanitize

@@ -95,3 +95,11 @@ def aggregator_from_config(cfg: Any, num_clients: Optional[int] = None) -> Aggre
   cfg_num_clients = params.pop("num_clients", None)
   num_clients = cfg_num_clients if num_clients is None else num_clients
   return make_aggregator(name, num_clients=num_clients, **params)
+
+
+# FedVSA's robust baselines (spec fedvsa.md §3): DnC (aggregators/dnc.py) and synchronous Zeno++
+# (aggregators/zeno.py, needs the server losses computed on server-held data).
+from fedjax_robust.aggregators.dnc import make_dnc  # noqa: E402
+from fedjax_robust.aggregators.zeno import make_zeno  # noqa: E402
+
+AGGREGATORS.update({"dnc": make_dnc, "zeno": make_zeno})

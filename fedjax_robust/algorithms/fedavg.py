@@ -250,7 +250,8 @@ def make_fedavg(
     if context.server_data is None and root_data is not None:
       context = context._replace(server_data=root_data)
     context = compute_needs(aggregator.needs, context, uploads["delta"], features_fn=features_fn,
-                            penultimate=penultimate, reference_update=reference_update)
+                            penultimate=penultimate, reference_update=reference_update,
+                            logits_fn=lambda p, x: model.logits(merge_variables(p, state.model_state), x))
     mask = jnp.ones(weights.shape, bool)
     result = aggregator.aggregate(uploads["delta"], weights, mask, agg_key, context)
     diagnostics = {"flagged": result.flagged, "aggregation_weights": result.weights}
