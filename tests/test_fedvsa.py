@@ -269,6 +269,24 @@ def test_round_after_a_poisoned_one_flags_the_attacker_and_removes_exactly_its_w
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_skipping_the_repairing_round_drops_its_updates_trained_from_the_poisoned_model():
+  model, params, server, alg = _server_fixture(repaired_round="skip")
+  good = _good_delta(params, 1.0)
+  bad = jax.tree.map(lambda a: -30.0 * a, good)
+  state = alg.init_server(params)
+  state, d1 = alg.server_update(state, {"delta": _stack(good, good, bad), "loss": jnp.array([0.7, 0.7, 2.0])},
+                                jnp.ones(3), jax.random.key(1), context=_context([0, 1, 4], server))
+  w_t = state.server.params
+  state, d2 = alg.server_update(state, {"delta": _stack(bad, good, good), "loss": jnp.full(3, 5.0)}, jnp.ones(3),
+                                jax.random.key(2), context=_context([1, 2, 3], server))
+  assert int(d2["num_shapley_flagged"]) == 1
+  np.testing.assert_array_equal(d2["aggregation_weights"], 0.0)
+  expected = jax.tree.map(lambda w, b: w - d1["aggregation_weights"][2] * b, w_t, bad)
+  for a, b in zip(jax.tree.leaves(state.server.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert not bool(jnp.any(state.cache.kept))  # the next audit has no history
+
+
 def test_reaggregate_hotfix_gives_the_kept_clients_reconstruction():
   model, params, server, alg = _server_fixture(hotfix="reaggregate")
   good = _good_delta(params, 1.0)
@@ -333,7 +351,7 @@ def test_shapley_step_refuses_a_run_without_server_data():
 def test_option_validation():
   model, _ = _tiny_model()
   for bad in ({"clip_mode": "max"}, {"detection": "sometimes"}, {"temperature": 0.0}, {"hotfix": "undo"},
-              {"audit_quorum": 0.0}, {"inference_reduction": "median"}):
+              {"audit_quorum": 0.0}, {"inference_reduction": "median"}, {"repaired_round": "later"}):
     with pytest.raises(ValueError, match="fedvsa"):
       make_fedvsa(model, optax.sgd(0.1), SPEC, num_clients=4, cohort_size=2, **bad)
 

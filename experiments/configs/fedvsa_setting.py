@@ -57,6 +57,8 @@ METHODS = {
     "fedvsa_no_audit": ("fedvsa", {"detection": "no_audit"}, {}),
     "fedvsa_no_shapley": ("fedvsa", {"detection": "no_shapley"}, {}),
     "fedvsa_aggregation_only": ("fedvsa", {"detection": "off"}, {}),
+    # The repairing round drops its own updates (trained from the poisoned model): algorithms/fedvsa.py.
+    "fedvsa_skip": ("fedvsa", {"repaired_round": "skip"}, {}),
 }
 ATTACK_ROUNDS = (10, 25, 50)
 

@@ -35,6 +35,13 @@ updates ``w_k^t − w^{t−1}``, losses, weights and the model ``w^{t−1}`` the
    ``+ τ (recon(kept \\ flagged) − w^t)``), and flagged clients sampled again this round are left out
    (``blacklist=True``: for the rest of the run).
 
+   The round that repairs also aggregates its own updates (``repaired_round="aggregate"``, the paper's
+   ``w^{t+1} = Σ p^t_k w_k^{t+1} − τH``), although they were trained from the model just found poisoned: when a
+   boosted attack left that model far off (huge weights, losses in the hundreds), those updates are large
+   corrections of the wrong model and carry the damage into the repaired one. ``repaired_round="skip"`` drops them:
+   the round's model is the repaired previous one, at the cost of that round's training (and of the next audit,
+   which then has no history). Measured in ``experiments/results/fedvsa.md`` (Fig. 3).
+
 Ablations (Fig. 5): ``detection="off"`` (aggregation only, Tables 3-9), ``"no_audit"`` (Shapley every round
 once there is a history), ``"no_shapley"`` (the audit is logged, nothing is repaired, spec A14).
 
@@ -70,6 +77,7 @@ DETECTION = ("full", "off", "no_audit", "no_shapley")
 AUDIT_REFERENCES = ("prev_round_max", "running_max_all_history", "per_client_last")
 FLAG_RULES = ("lt0", "le0")
 HOTFIX = ("subtract", "reaggregate")
+REPAIRED_ROUND = ("aggregate", "skip")
 
 
 def _choice(name: str, value: str, allowed) -> str:
@@ -234,6 +242,7 @@ def make_fedvsa(
     hotfix: str = "subtract",
     tau: float = 1.0,
     blacklist: bool = False,
+    repaired_round: str = "aggregate",
     mu: float = 0.0,
     persist_client_opt_state: bool = False,
     client_attack: Any = None,
@@ -249,6 +258,7 @@ def make_fedvsa(
   _choice("audit_reference", audit_reference, AUDIT_REFERENCES)
   _choice("flag_rule", flag_rule, FLAG_RULES)
   _choice("hotfix", hotfix, HOTFIX)
+  _choice("repaired_round", repaired_round, REPAIRED_ROUND)
   if not temperature > 0:
     raise ValueError(f"fedvsa: temperature must be > 0, got {temperature}")
   if not 0 < audit_quorum <= 1:
@@ -373,6 +383,8 @@ def make_fedvsa(
                          shapley_flagged_benign=jnp.sum(flagged_prev & ~cache.malicious).astype(jnp.int32))
       if blacklist:
         state = state._replace(blacklist=blacklisted)
+      if repaired_round == "skip":  # this round's updates started from the model just found poisoned
+        kept &= ~jnp.any(flagged_prev)
     p = weights_of(losses, kept)
     clean_deltas = _zero_rows(deltas, kept)
     mean_delta = jax.tree.map(jnp.add, weighted_sum(p, clean_deltas), correction)

@@ -347,7 +347,8 @@ def _build_fedvsa(ctx: BuildContext) -> FedAlgorithm:
       audit_quorum=float(f.audit_quorum), shapley_exact_max=int(f.shapley_exact_max),
       shapley_permutations=int(f.shapley_permutations), shapley_tol=float(f.shapley_tol),
       shapley_chunk=int(f.shapley_chunk), flag_rule=str(f.flag_rule), flag_eps=float(f.flag_eps),
-      hotfix=str(f.hotfix), tau=float(f.tau), blacklist=bool(f.blacklist), mu=float(f.mu),
+      hotfix=str(f.hotfix), tau=float(f.tau), blacklist=bool(f.blacklist), repaired_round=str(f.repaired_round),
+      mu=float(f.mu),
       persist_client_opt_state=ctx.persist, client_attack=ctx.client_attack,
       eval_batch_size=int(ctx.config.engine.eval_batch_size))
 
@@ -373,6 +374,7 @@ register_algorithm("fedvsa", _build_fedvsa, aggregates=False, supports_client_at
     "hotfix": "subtract",  # subtract tau * flagged weighted updates | reaggregate (recon of the kept clients)
     "tau": 1.0,
     "blacklist": False,  # flagged clients are left out for the rest of the run
+    "repaired_round": "aggregate",  # aggregate (paper) | skip: drop the repairing round's updates (fedvsa.py)
     "mu": 0.0,  # FedProx's proximal term in the local rule (Table 9's plug-in)
 })
 
