@@ -237,16 +237,20 @@ def _context(ids, server, malicious=None):
                       jnp.ones(c), None, server)
 
 
+def _poisoned_round(alg, params, server, losses=(0.7, 0.7, 2.0), malicious=None):
+  """Round 1 of the server-step tests: clients 0 and 1 send a good update, client 4 (the attacker, honest on
+  poisoned data: a high loss) a boosted inverting one. Returns (state, diagnostics, good, bad)."""
+  good = _good_delta(params, 1.0)
+  bad = jax.tree.map(lambda a: -30.0 * a, good)  # a boosted model that inverts every prediction
+  state, d = alg.server_update(alg.init_server(params), {"delta": _stack(good, good, bad), "loss": jnp.array(losses)},
+                               jnp.ones(3), jax.random.key(1), context=_context([0, 1, 4], server, malicious))
+  return state, d, good, bad
+
+
 def test_round_after_a_poisoned_one_flags_the_attacker_and_removes_exactly_its_weighted_share():
   model, params, server, alg = _server_fixture(hotfix="subtract", tau=1.0)
   assert set(params) == {"head"}
-  good = _good_delta(params, 1.0)
-  bad = jax.tree.map(lambda a: -30.0 * a, good)  # a boosted model that inverts every prediction
-  state = alg.init_server(params)
-  # Round 1: clients 0, 1 (benign) and 4 (the attacker, honest-on-poisoned: a high loss).
-  uploads1 = {"delta": _stack(good, good, bad), "loss": jnp.array([0.7, 0.7, 2.0])}
-  state, d1 = alg.server_update(state, uploads1, jnp.ones(3), jax.random.key(1),
-                                context=_context([0, 1, 4], server, [False, False, True]))
+  state, d1, good, bad = _poisoned_round(alg, params, server, malicious=[False, False, True])
   p1 = d1["aggregation_weights"]
   w_t = state.server.params
   assert not bool(d1["audit_alarm"])  # no history yet
@@ -271,11 +275,7 @@ def test_round_after_a_poisoned_one_flags_the_attacker_and_removes_exactly_its_w
 
 def test_skipping_the_repairing_round_drops_its_updates_trained_from_the_poisoned_model():
   model, params, server, alg = _server_fixture(repaired_round="skip")
-  good = _good_delta(params, 1.0)
-  bad = jax.tree.map(lambda a: -30.0 * a, good)
-  state = alg.init_server(params)
-  state, d1 = alg.server_update(state, {"delta": _stack(good, good, bad), "loss": jnp.array([0.7, 0.7, 2.0])},
-                                jnp.ones(3), jax.random.key(1), context=_context([0, 1, 4], server))
+  state, d1, good, bad = _poisoned_round(alg, params, server)
   w_t = state.server.params
   state, d2 = alg.server_update(state, {"delta": _stack(bad, good, good), "loss": jnp.full(3, 5.0)}, jnp.ones(3),
                                 jax.random.key(2), context=_context([1, 2, 3], server))
@@ -289,12 +289,8 @@ def test_skipping_the_repairing_round_drops_its_updates_trained_from_the_poisone
 
 def test_reaggregate_hotfix_gives_the_kept_clients_reconstruction():
   model, params, server, alg = _server_fixture(hotfix="reaggregate")
-  good = _good_delta(params, 1.0)
-  bad = jax.tree.map(lambda a: -30.0 * a, good)
-  state = alg.init_server(params)
   losses1 = jnp.array([0.7, 0.9, 2.0])
-  state, _ = alg.server_update(state, {"delta": _stack(good, good, bad), "loss": losses1}, jnp.ones(3),
-                               jax.random.key(1), context=_context([0, 1, 4], server))
+  state, _, good, bad = _poisoned_round(alg, params, server, losses1)
   zero = jax.tree.map(jnp.zeros_like, good)
   state, d2 = alg.server_update(state, {"delta": _stack(zero, zero, zero), "loss": jnp.full(3, 5.0)}, jnp.ones(3),
                                 jax.random.key(2), context=_context([1, 2, 3], server))
@@ -307,11 +303,7 @@ def test_reaggregate_hotfix_gives_the_kept_clients_reconstruction():
 
 def test_flagged_client_sampled_again_is_left_out_and_nonfinite_uploads_are_dropped():
   model, params, server, alg = _server_fixture(blacklist=True)
-  good = _good_delta(params, 1.0)
-  bad = jax.tree.map(lambda a: -30.0 * a, good)
-  state = alg.init_server(params)
-  state, _ = alg.server_update(state, {"delta": _stack(good, good, bad), "loss": jnp.array([0.7, 0.7, 2.0])},
-                               jnp.ones(3), jax.random.key(1), context=_context([0, 1, 4], server))
+  state, _, good, bad = _poisoned_round(alg, params, server)
   nan = jax.tree.map(lambda a: jnp.full_like(a, jnp.nan), good)
   state, d2 = alg.server_update(state, {"delta": _stack(good, nan, good), "loss": jnp.array([5.0, 5.0, 5.0])},
                                 jnp.ones(3), jax.random.key(2), context=_context([4, 2, 3], server))
@@ -325,11 +317,7 @@ def test_flagged_client_sampled_again_is_left_out_and_nonfinite_uploads_are_drop
 def test_ablations_off_and_no_shapley_never_repair():
   for detection in ("off", "no_shapley"):
     model, params, server, alg = _server_fixture(detection=detection)
-    good = _good_delta(params, 1.0)
-    bad = jax.tree.map(lambda a: -30.0 * a, good)
-    state = alg.init_server(params)
-    state, _ = alg.server_update(state, {"delta": _stack(good, good, bad), "loss": jnp.array([0.7, 0.7, 2.0])},
-                                 jnp.ones(3), jax.random.key(1), context=_context([0, 1, 4], None))
+    state, _, good, bad = _poisoned_round(alg, params, None)
     w_t = state.server.params
     zero = jax.tree.map(jnp.zeros_like, good)
     state, d = alg.server_update(state, {"delta": _stack(zero, zero, zero), "loss": jnp.full(3, 5.0)},
