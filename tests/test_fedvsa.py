@@ -415,3 +415,30 @@ def test_model_replacement_drop_and_recovery_end_to_end(tmp_path):
   avg = {r["round"]: r["global_test_acc"] for r in _records(tmp_path / "avg")}
   assert avg[6] == pytest.approx(acc[6], abs=0.05) and avg[7] < 0.2
   assert avg[8] < acc[8] - 0.3  # FedAvg needs several rounds (Fig. 3)
+
+
+def test_vmap_equals_sequential_with_a_shapley_step_every_round():
+  from fedjax_robust.experiment import build_experiment
+  results = []
+  for strategy in ("vmap", "sequential"):
+    c = _e2e_config(**{"engine.strategy": strategy, "algorithm.fedvsa.detection": "no_audit", "rounds": 2,
+                       "server.cohort_size": 4, "attack.name": "none", "attack.client.name": "none",
+                       "sampler.name": "uniform", "sampler.forced": "", "sampler.exclusive": False,
+                       "server.root_dataset_size": 60})
+    with c.attack.unlocked():
+      c.attack.params = ml_collections.ConfigDict()
+    exp = build_experiment(c)
+    state = exp.init_state()
+    logs = []
+    for _ in range(2):
+      state, metrics = exp.simulator.run_round(state)
+      logs.append(metrics)
+    results.append((state.server.server.params, logs))
+  (pa, la), (pb, lb) = results
+  for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+  for ma, mb in zip(la, lb):
+    np.testing.assert_allclose(ma["reported_loss"], mb["reported_loss"], rtol=1e-4)
+    np.testing.assert_allclose(ma["shapley_values"], mb["shapley_values"], atol=1e-5)
+    assert bool(ma["audit_alarm"]) == bool(mb["audit_alarm"])
+  assert bool(la[1]["audit_alarm"])  # no_audit: the Shapley step ran in round 2
