@@ -59,6 +59,9 @@ METHODS = {
     "fedvsa_aggregation_only": ("fedvsa", {"detection": "off"}, {}),
     # The repairing round drops its own updates (trained from the poisoned model): algorithms/fedvsa.py.
     "fedvsa_skip": ("fedvsa", {"repaired_round": "skip"}, {}),
+    # ... and each client's rise is judged against its own last report (an attacker's high report no longer raises
+    # everyone's reference).
+    "fedvsa_skip_pcl": ("fedvsa", {"repaired_round": "skip", "audit_reference": "per_client_last"}, {}),
 }
 ATTACK_ROUNDS = (10, 25, 50)
 
