@@ -383,8 +383,9 @@ def make_fedvsa(
                          shapley_flagged_benign=jnp.sum(flagged_prev & ~cache.malicious).astype(jnp.int32))
       if blacklist:
         state = state._replace(blacklist=blacklisted)
-      if repaired_round == "skip":  # this round's updates started from the model just found poisoned
-        kept &= ~jnp.any(flagged_prev)
+    excluded = (weights > 0) & ~kept  # non-finite, flagged last round, blacklisted: what detection rates count
+    if repairs and repaired_round == "skip":  # this round's updates started from the model just found poisoned
+      kept &= ~jnp.any(flagged_prev)
     p = weights_of(losses, kept)
     clean_deltas = _zero_rows(deltas, kept)
     mean_delta = jax.tree.map(jnp.add, weighted_sum(p, clean_deltas), correction)
@@ -402,7 +403,7 @@ def make_fedvsa(
                       cohort.astype(jnp.int32), jnp.asarray(malicious, bool), jnp.ones((), bool)),
           loss_max=jnp.maximum(state.loss_max, jnp.max(jnp.where(kept, losses, -jnp.inf))),
           last_loss=state.last_loss.at[jnp.where(kept, cohort, k_total)].set(losses, mode="drop"))
-    diagnostics.update(flagged=(weights > 0) & ~kept, aggregation_weights=p, reported_loss=losses,
+    diagnostics.update(flagged=excluded, aggregation_weights=p, reported_loss=losses,
                        nonfinite=(weights > 0) & ~reporting)
     return new_state, diagnostics
 
