@@ -5,7 +5,9 @@
       --config.data.partition.alpha=0.1 --config.engine.strategy=vmap
 
 Writes a run directory (``--config.output.dir``, default ``runs/``) with the
-resolved config, per-round metrics (JSONL + CSV), the partition and a summary.
+resolved config, per-round metrics (JSONL + CSV), the partition, a summary and
+the run's plots (``plots/``; ``experiments/plot.py`` redraws or compares runs).
+A resume for which no checkpoint restores stops with one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -36,7 +38,11 @@ def main(argv):
     configure_cpu_devices(config.engine.cpu_devices)  # must precede the first JAX computation
   from fedjax_robust.experiment import apply_open_overrides, run_experiment
   apply_open_overrides(config, _OPEN_OVERRIDES)
-  summary = run_experiment(config, _RUN_DIR.value)
+  from fedjax_robust.checkpoint import CheckpointError
+  try:
+    summary = run_experiment(config, _RUN_DIR.value)
+  except CheckpointError as e:  # resume=True and no checkpoint restores: one line, not orbax's traceback
+    sys.exit(f"error: {e}")
   speed = summary["rounds_per_s"]  # None when a resumed run had no rounds left to run
   final = summary["final"]
   if "seeds" in summary:  # one program over seeds (and grid points): mean ± std per metric

@@ -9,6 +9,10 @@ as an uninterrupted one, round for round (``tests/test_checkpoint.py``).
 The state is saved as a plain dict of arrays with orbax's ``StandardSave``; the typed PRNG key is stored as its
 raw key data and re-wrapped on restore, since orbax stores arrays of numeric dtypes. Restoring needs a template
 state of the same structure (the experiment's initial state), which also carries the shardings to restore onto.
+
+A checkpoint can be damaged (a disk filled up, a copy cut short, a file emptied): :meth:`RunCheckpointer.restore_newest`
+then goes back to the newest one that restores, setting the damaged newer ones aside as ``<round>.damaged`` with one
+warning line each, and raises :class:`CheckpointError` (one line naming each checkpoint and why) when none does.
 """
 
 from __future__ import annotations
@@ -40,6 +44,22 @@ def _quiet_orbax():
     yield
   finally:
     absl_logger.setLevel(level)
+
+
+class CheckpointError(RuntimeError):
+  """No checkpoint of a run restores; the message names each one and why, on one line."""
+
+
+def failure_reason(error: BaseException, limit: int = 240) -> str:
+  """One line saying why a restore failed: the innermost explicit cause (orbax wraps tensorstore's ``DATA_LOSS`` /
+  ``OUT_OF_RANGE`` errors in a generic one), its first line, cut to ``limit`` characters."""
+  while error.__cause__ is not None:
+    error = error.__cause__
+  lines = str(error).strip().splitlines()
+  text = lines[0] if lines else ""
+  if len(text) > limit:
+    text = text[:limit - 3] + "..."
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _is_typed_key(key: jax.Array) -> bool:
@@ -117,6 +137,51 @@ class RunCheckpointer:
     if int(state.round) != step:
       raise ValueError(f"checkpoint {step} in {self.directory} holds a state after {int(state.round)} rounds")
     return state
+
+  @property
+  def saved_rounds(self) -> list[int]:
+    """The rounds after which a checkpoint is on disk, oldest first (damaged ones included)."""
+    return sorted(int(s) for s in self._manager.all_steps())
+
+  def restore_newest(self, template: SimState, at_most: Optional[int] = None) -> SimState:
+    """The newest saved state that restores (of those after at most ``at_most`` rounds), shaped like ``template``.
+
+    A newer checkpoint that fails to restore (a truncated data file, an empty metadata file: orbax raises anything
+    from ``ValueError: DATA_LOSS`` to ``JSONDecodeError``) is skipped with one warning line saying why, and moved to
+    ``<round>.damaged`` beside the others, where orbax no longer sees it, so that this run can save that round again.
+    Raises :class:`CheckpointError` when no checkpoint restores (leaving them all in place), FileNotFoundError when
+    there is none.
+    """
+    rounds = [r for r in reversed(self.saved_rounds) if at_most is None or r <= at_most]
+    if not rounds:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    failed = []
+    for step in rounds:
+      try:
+        state = self.restore(template, step)
+      except Exception as e:  # noqa: BLE001 (orbax and tensorstore raise many kinds for a damaged checkpoint)
+        failed.append((step, failure_reason(e)))
+        continue
+      for bad, reason in failed:
+        kept = self._set_aside(bad)
+        logger.warning("skipped the checkpoint after round %d, which does not restore (%s); kept as %s", bad, reason,
+                       kept)
+      if failed:
+        with _quiet_orbax():
+          self._manager.reload()
+      return state
+    raise CheckpointError(f"no checkpoint in {self.directory} restores: "
+                          + "; ".join(f"round {step}: {reason}" for step, reason in failed)
+                          + " (start the run afresh with output.resume=False, which deletes them)")
+
+  def _set_aside(self, step: int) -> Path:
+    target = self.directory / f"{step}.damaged"
+    n = 1
+    while target.exists():
+      n += 1
+      target = self.directory / f"{step}.damaged{n}"
+    (self.directory / str(step)).rename(target)
+    return target
 
   def close(self) -> None:
     with _quiet_orbax():

@@ -3,7 +3,8 @@
 ``default_config()`` lists every field with its default; configs in
 ``experiments/configs/`` override what they need. ``run_experiment`` writes a
 run directory holding the resolved config, per-round metrics (JSONL and CSV),
-the partition (client label histograms), a final summary and, when asked, orbax
+the partition (client label histograms), a final summary (strict JSON), plots
+(``fedjax_robust/plots.py``), and when asked TensorBoard event files and orbax
 checkpoints of the run state that a later run resumes from (``output.*``).
 """
 
@@ -155,8 +156,16 @@ def default_config() -> ml_collections.ConfigDict:
       # Orbax checkpoints of the run state in <run dir>/checkpoints every N rounds and after the last (0 = none).
       "checkpoint_every": 0,
       # Go on from the run directory's latest checkpoint (e.g. after a crash, or with more rounds); the config may
-      # differ only in rounds, eval_every, output.* and engine.*. Without a checkpoint the run starts fresh.
+      # differ only in rounds, eval_every, output.* and engine.*. Without a checkpoint the run starts fresh. A damaged
+      # latest checkpoint is skipped for the newest one that restores (one warning line).
       "resume": False,
+      # PNG + SVG figures in <run dir>/plots at the end of the run (fedjax_robust/plots.py): accuracy and loss curves,
+      # partition heatmap, detection raster, aggregation weights. Needs matplotlib (the `plots` extra); without it
+      # the run logs one line and writes none. experiments/plot.py draws (and compares) run directories later.
+      "plots": True,
+      # TensorBoard event files of every per-round scalar in <run dir>/tb (tensorboardX, the `tensorboard` extra;
+      # no TensorFlow): tensorboard --logdir runs/
+      "tensorboard": False,
   })
   return c
 
@@ -465,38 +474,99 @@ def _jsonable(value):
   return value
 
 
+def strict_json(value):
+  """``value`` with every non-finite float (NaN, ±inf) replaced by ``None``: strict JSON (RFC 8259 has no NaN), which
+  ``json.dumps(..., allow_nan=False)`` then writes and every JSON reader parses. ``null`` in a summary or config
+  thus means "not a number" (a diverged loss, a detection rate with no attacker in the cohort)."""
+  if isinstance(value, dict):
+    return {k: strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def dumps_strict(obj, **kwargs) -> str:
+  """``obj`` as strict JSON (:func:`strict_json`; numpy and JAX values as lists and numbers)."""
+  return json.dumps(strict_json(_jsonable(obj)), allow_nan=False, default=str, **kwargs)
+
+
+def csv_row(record: dict) -> dict:
+  """A per-round record's flat form for ``metrics.csv``: every scalar (numbers and booleans), plus
+  ``flagged_clients`` as space-separated ids and their count ``num_flagged``. Per-client vectors (``client_acc``,
+  ``cohort``, ``aggregation_weights``, ...) stay in ``metrics.jsonl`` only."""
+  row = {k: v for k, v in record.items() if isinstance(v, (int, float, bool)) or v is None}
+  if isinstance(record.get("flagged_clients"), list):
+    row["flagged_clients"] = " ".join(str(i) for i in record["flagged_clients"])
+    row["num_flagged"] = len(record["flagged_clients"])
+  return row
+
+
 class RunWriter:
   """Writes the run directory: config.json, partition.json, metrics.jsonl, metrics.csv, summary.json.
+
+  ``metrics.jsonl`` holds each round's whole record (per-client vectors included); ``metrics.csv`` one row per round
+  with every scalar any round logged (:func:`csv_row`): the header is the union of the rounds' keys, in the order they
+  first appear, and the file is rewritten whole when a round brings a new one (an evaluated round after unevaluated
+  ones, a detection field), so it is complete after every round. JSON files are strict (:func:`dumps_strict`: NaN and
+  infinities as ``null``); ``metrics.jsonl`` keeps Python's ``NaN`` (each line a record ``json.loads`` reads back,
+  which a resumed run does).
 
   ``records``: per-round records already logged (a resumed run's history), written first.
   """
 
-  CSV_FIELDS = ("round", "elapsed_s", "train_loss", "global_test_acc", "global_client_acc_weighted", "client_acc_mean",
-                "client_acc_weighted", "benign_acc_weighted", "global_benign_acc_weighted", "backdoor_asr",
-                "detection_tpr", "detection_fpr")
+  LEAD_FIELDS = ("round", "elapsed_s", "train_loss")  # first columns of metrics.csv; the rest in order of appearance
 
-  def __init__(self, run_dir: Path, records: Iterable[dict] = ()):
+  def __init__(self, run_dir: Path, records: Iterable[dict] = (), tensorboard: bool = False):
     self.dir = Path(run_dir)
     self.dir.mkdir(parents=True, exist_ok=True)
+    self._tb = None
+    if tensorboard:  # before any file is opened: a missing tensorboardX fails the run at its start, with the fix
+      from fedjax_robust.tensorboard_log import ScalarWriter
+      self._tb = ScalarWriter(self.dir / "tb")
     self._jsonl = open(self.dir / "metrics.jsonl", "w")
-    self._csv_file = open(self.dir / "metrics.csv", "w", newline="")
-    self._csv = csv.DictWriter(self._csv_file, self.CSV_FIELDS, extrasaction="ignore")
-    self._csv.writeheader()
+    self._rows: list[dict] = []
+    self._fields: list[str] = []
+    self._csv_file = None
+    self._csv = None
     for record in records:
       self.log_round(record)
 
   def write_json(self, name: str, obj) -> None:
-    (self.dir / name).write_text(json.dumps(_jsonable(obj), indent=2, default=str))
+    (self.dir / name).write_text(dumps_strict(obj, indent=2))
+
+  def _open_csv(self) -> None:
+    if self._csv_file is not None:
+      self._csv_file.close()
+    self._csv_file = open(self.dir / "metrics.csv", "w", newline="")
+    self._csv = csv.DictWriter(self._csv_file, self._fields)
+    self._csv.writeheader()
 
   def log_round(self, record: dict) -> None:
     record = _jsonable(record)
     self._jsonl.write(json.dumps(record) + "\n")
     self._jsonl.flush()
-    self._csv.writerow(record)
+    row = csv_row(record)
+    self._rows.append(row)
+    new = [k for k in row if k not in self._fields]
+    if new or self._csv is None:
+      self._fields = [k for k in self.LEAD_FIELDS if k in self._fields or k in row] + [
+          k for k in (*self._fields, *new) if k not in self.LEAD_FIELDS]
+      self._open_csv()
+      self._csv.writerows(self._rows)
+    else:
+      self._csv.writerow(row)
     self._csv_file.flush()
+    if self._tb is not None:
+      self._tb.log(record)
 
   def close(self) -> None:
     self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._csv_file is None:
+      self._open_csv()  # a run directory always has a metrics.csv, even before its first round
     self._csv_file.close()
 
 
@@ -614,7 +684,8 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   start, history, restored = (_resume_point(config, run_dir, checkpointer, config_json, exp.init_state())
                                if config.output.resume else (0, [], None))
   # Resumed at its last round, a run has nothing left to run but re-logs that round with an evaluation (below).
-  writer = RunWriter(run_dir, history[:-1] if start == config.rounds else history)
+  writer = RunWriter(run_dir, history[:-1] if start == config.rounds else history,
+                     tensorboard=bool(config.output.get("tensorboard", False)))
   writer.write_json("config.json", config_json)
   writer.write_json("partition.json", partition_record(exp.data))
   if exp.malicious is not None:
@@ -685,4 +756,26 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   }
   writer.write_json("summary.json", summary)
   writer.close()
+  if config.output.get("plots", True):
+    write_plots(writer.dir)
   return summary
+
+
+def write_plots(run_dir: Path, compare: Iterable[Path] = ()) -> list[Path]:
+  """The run's figures in ``<run_dir>/plots`` (``output.plots``; with ``compare``, those runs' curves overlaid
+  instead). Without matplotlib: one log line, no figures. A figure that fails to draw costs the run nothing (its
+  metrics and summary are written already): one warning line, and ``experiments/plot.py`` can redraw it."""
+  from fedjax_robust import plots
+  if not plots.matplotlib_available():
+    logger.info("output.plots: matplotlib is not installed (pip install -e \".[plots]\"), so no plots were written")
+    return []
+  try:
+    compare = list(compare)
+    paths = (plots.write_comparison_plots(compare, run_dir / "plots") if compare
+             else plots.write_run_plots(run_dir))
+  except Exception as e:  # noqa: BLE001
+    logger.warning("output.plots: drawing the plots of %s failed (%s: %s); experiments/plot.py %s retries",
+                   run_dir, type(e).__name__, e, run_dir)
+    return []
+  logger.info("plots: %s (%d files)", run_dir / "plots", len(paths))
+  return paths

@@ -291,7 +291,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   name = config.output.name or f"{config.data.name}_{config.algorithm.name}_seeds_{time.strftime('%Y%m%d-%H%M%S')}"
   root = Path(run_dir) if run_dir is not None else Path(config.output.dir) / name
   evaluated = eval_rounds(rounds, eval_every, last_rounds)
-  summaries = {}
+  summaries, lane_dirs = {}, []
   for g, point in enumerate(points or [{}]):
     finals = []
     for i, (seed, c, exp) in enumerate(zip(seeds, configs, experiments)):
@@ -304,6 +304,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
           node = node[part]
         node[leaf] = value
       seed_dir = (root / point_label(point) if point else root) / f"seed_{seed}"
+      lane_dirs.append(seed_dir)
       finals.append(_write_lane(seed_dir, run_config, exp, lane_trace, rounds, evaluated,
                                 {"seed": seed, "grid_point": point, "seeds_run": str(root),
                                  "wall_time_s_all_lanes": wall_s}))
@@ -325,7 +326,11 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
       "run_dir": str(root),
   }
   root.mkdir(parents=True, exist_ok=True)
-  (root / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+  from fedjax_robust.experiment import dumps_strict  # experiment imports this module
+  (root / "summary.json").write_text(dumps_strict(summary, indent=2))  # strict JSON: NaN as null
+  if config.output.get("plots", True):  # every lane's curves in one figure: <run_dir>/plots
+    from fedjax_robust.experiment import write_plots
+    write_plots(root, compare=lane_dirs)
   return summary
 
 
@@ -333,7 +338,7 @@ def _write_lane(run_dir: Path, run_config: dict, exp, lane_trace: RunTrace, roun
                 extra: dict) -> dict:
   """One lane's run directory (config, partition, attackers, per-round metrics, summary); returns its final record."""
   from fedjax_robust.experiment import RunWriter, partition_record, round_record  # experiment imports this module
-  writer = RunWriter(run_dir)
+  writer = RunWriter(run_dir, tensorboard=bool(run_config.get("output", {}).get("tensorboard", False)))
   writer.write_json("config.json", run_config)
   writer.write_json("partition.json", partition_record(exp.data))
   if exp.malicious is not None:

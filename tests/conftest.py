@@ -57,3 +57,12 @@ def fast_compiles():
   jax.config.update("jax_disable_most_optimizations", True)
   yield
   jax.config.update("jax_disable_most_optimizations", old)
+
+
+# --- end-of-run plots -------------------------------------------------------------------
+# A run draws its figures when it ends (output.plots, about 2 s); the suite's hundreds of runs skip that, except in
+# tests marked `plots` (tests/test_plots.py). Runs in a subprocess (the CLI tests) still draw theirs.
+@pytest.fixture(autouse=True)
+def _no_end_of_run_plots(request, monkeypatch):
+  if request.node.get_closest_marker("plots") is None:
+    monkeypatch.setattr("fedjax_robust.experiment.write_plots", lambda *args, **kwargs: [])

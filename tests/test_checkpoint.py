@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fedjax_robust.checkpoint import RunCheckpointer
+from fedjax_robust.checkpoint import CheckpointError, RunCheckpointer
 from fedjax_robust.experiment import build_experiment, resume_mismatches, run_experiment
 from test_byzantine_e2e import byzantine_config
 from test_experiment import digits_config
@@ -64,6 +64,62 @@ def test_a_crash_after_the_checkpoint_redoes_the_rounds_logged_after_it(tmp_path
   summary = run_experiment(c, tmp_path / "run")
   assert summary["resumed_from_round"] == 4
   assert metrics(tmp_path / "run") == before
+
+
+def _truncate_largest_data_file(step_dir):
+  """A copy cut short: the largest array file of an orbax checkpoint, truncated to 100 bytes."""
+  files = [f for f in step_dir.rglob("*") if f.is_file()]
+  biggest = max(files, key=lambda f: f.stat().st_size)
+  with open(biggest, "r+b") as fh:
+    fh.truncate(100)
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_that_restores(tmp_path, caplog):
+  """Issue 31 part 4: a truncated data file in the latest checkpoint (and, in a second resumption, an emptied
+  metadata file) costs the rounds since the previous checkpoint, not the run: one warning line each, the damaged
+  checkpoint kept aside, the rounds redone to the same numbers."""
+  c = digits_config(rounds=3, eval_every=1)
+  c.output.checkpoint_every = 1  # keeps rounds 2 and 3
+  run_experiment(c, tmp_path / "run")
+  before = metrics(tmp_path / "run")
+  ckpt = tmp_path / "run" / "checkpoints"
+  _truncate_largest_data_file(ckpt / "3")
+  more = digits_config(rounds=4, eval_every=1)
+  more.output.checkpoint_every, more.output.resume = 1, True
+  with caplog.at_level("WARNING", logger="fedjax_robust"):
+    summary = run_experiment(more, tmp_path / "run")
+  assert summary["resumed_from_round"] == 2
+  skipped = [r.getMessage() for r in caplog.records if "skipped the checkpoint" in r.getMessage()]
+  assert len(skipped) == 1 and "after round 3" in skipped[0] and "\n" not in skipped[0]
+  assert "3.damaged" in skipped[0] and not any(r.exc_info for r in caplog.records)
+  assert (ckpt / "3.damaged").is_dir() and (ckpt / "3").is_dir() and (ckpt / "4").is_dir()  # round 3 saved again
+  after = metrics(tmp_path / "run")
+  assert [r["round"] for r in after] == [1, 2, 3, 4] and after[:3] == before  # the redone round is the same
+
+  (ckpt / "4" / "default" / "_METADATA").write_text("")  # an emptied metadata file
+  caplog.clear()
+  more.rounds = 5
+  with caplog.at_level("WARNING", logger="fedjax_robust"):
+    assert run_experiment(more, tmp_path / "run")["resumed_from_round"] == 3
+  assert any("after round 4" in r.getMessage() and "JSONDecodeError" in r.getMessage() for r in caplog.records)
+
+
+def test_resuming_when_no_checkpoint_restores_is_refused_in_one_line(tmp_path):
+  c = digits_config(rounds=2, eval_every=2)
+  c.output.checkpoint_every = 1
+  run_experiment(c, tmp_path / "run")
+  ckpt = tmp_path / "run" / "checkpoints"
+  _truncate_largest_data_file(ckpt / "2")
+  (ckpt / "1" / "default" / "_METADATA").write_text("")
+  c = digits_config(rounds=3, eval_every=3)
+  c.output.checkpoint_every, c.output.resume = 1, True
+  with pytest.raises(CheckpointError) as refused:
+    run_experiment(c, tmp_path / "run")
+  message = str(refused.value)
+  assert "\n" not in message and len(message) < 800
+  assert "no checkpoint in" in message and "round 2: ValueError" in message and "round 1: JSONDecodeError" in message
+  assert "output.resume=False" in message
+  assert sorted(p.name for p in ckpt.iterdir()) == ["1", "2"]  # nothing moved when nothing restores
 
 
 def test_resuming_with_a_different_experiment_is_refused(tmp_path):

@@ -2,7 +2,10 @@
 
   python experiments/run.py --config experiments/configs/quickstart.py
 
-About a minute on a laptop CPU; global accuracy climbs from ~10% to >85%.
+30 rounds, every client every round. Measured on a 2-core CPU (2026-11-26, JAX 0.10.2): the run takes ~5 s
+(~4 s of it compiling round 1, then ~0.03 s a round), the whole command ~15 s with Python, JAX and the data
+loading; global test accuracy 32% after round 1, 95% after round 30 (`summary.json`: `wall_time_s`,
+`final.global_test_acc`). Writes runs/quickstart/ with its plots in runs/quickstart/plots/.
 """
 
 from fedjax_robust.experiment import default_config
