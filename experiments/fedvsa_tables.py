@@ -151,6 +151,17 @@ def cell_config(dataset: str, partition: str, method: str, fresh: float, attack:
   config.init.pretrain_rounds = args.pretrain
   config.eval.stop_at = 0.0 if config.get("seeds") else stop_at  # a seeds program runs every round
   config.eval.last_rounds = 0
+  return fit_krum_to_cohort(config)
+
+
+def fit_krum_to_cohort(config):
+  """Multi-Krum's f = 2 needs a cohort of at least 2f + 3 = 7; a reduced cohort gets the largest f it allows (the
+  cell's stored config says which)."""
+  from fedjax_robust.experiment import cohort_size
+  agg = config.get("aggregator")
+  if agg is not None and agg.get("name") == "multi_krum":
+    cohort = cohort_size(config, int(config.data.num_clients))
+    agg.num_byzantine = min(int(agg.num_byzantine), max(0, (cohort - 3) // 2))
   return config
 
 
