@@ -48,12 +48,13 @@ import optax
 from fedjax_robust.aggregators import Aggregator, make_mean
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, mean_model_state, tree_sub
-from fedjax_robust.algorithms.hetero_common import (aggregate_deltas, included_count, linear_term, weighted_rows,
+from fedjax_robust.algorithms.hetero_common import (aggregate_deltas, included_count, linear_term, server_model,
+                                                    weighted_rows,
                                                     zeros_like_tree)
 from fedjax_robust.algorithms.scaffold import control_variate_update
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
 from fedjax_robust.hparams import check
-from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables
+from fedjax_robust.models.interface import Model, as_model, split_variables
 from fedjax_robust.round_context import RoundContext
 
 PyTree = Any
@@ -87,11 +88,8 @@ def make_feddc(model: Model, client_opt: optax.GradientTransformation, spec: Loc
   def init_client(params, model_state=None):
     return {"h": zeros_like_tree(params), "c": zeros_like_tree(params)}
 
-  def model_of(state: FedDCServerState):
-    return merge_variables(state.params, state.model_state) if state.model_state else state.params
-
   def broadcast(state: FedDCServerState):
-    return {"model": model_of(state), "c": state.c}
+    return {"model": server_model(state), "c": state.c}
 
   def client_update(payload, client_state, data: ClientData, key):
     w, model_state = split_variables(payload["model"])
@@ -137,5 +135,5 @@ def make_feddc(model: Model, client_opt: optax.GradientTransformation, spec: Loc
   def personal_params(payload, client_state, data, key):
     return payload["model"]
 
-  return FedAlgorithm("feddc", init_server, init_client, broadcast, client_update, server_update, model_of,
+  return FedAlgorithm("feddc", init_server, init_client, broadcast, client_update, server_update, server_model,
                       personal_params, uses_context=True)

@@ -56,11 +56,10 @@ from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_robust.aggregators.base import HIGHEST
-from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.fedavg import ServerState, apply_server_update, make_fedavg, mean_model_state
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.metrics.evaluation import score_models
@@ -287,12 +286,12 @@ def make_fedvsa(
     out = inner.client_update(payload, client_state, data, key)
     return out._replace(upload={**out.upload, "loss": report(payload, data)})
 
-  malicious_update = None
-  if inner.malicious_update is not None:
-    def malicious_update(payload, client_state, data, attack_data, key):
-      # The attacker reports the downloaded model's loss on the data it trains on (honest on poisoned, §2 [R]).
-      out = inner.malicious_update(payload, client_state, data, attack_data, key)
-      return out._replace(upload={**out.upload, "loss": report(payload, attack_data)})
+  def attacker_update(payload, client_state, data, attack_data, key):
+    # The attacker reports the downloaded model's loss on the data it trains on (honest on poisoned, §2 [R]).
+    out = inner.malicious_update(payload, client_state, data, attack_data, key)
+    return out._replace(upload={**out.upload, "loss": report(payload, attack_data)})
+
+  malicious_update = None if inner.malicious_update is None else attacker_update
 
   def init_server(params, model_state=None):
     server = inner.init_server(params, model_state)

@@ -42,6 +42,12 @@ def linear_term(coeff: PyTree, params: PyTree) -> jax.Array:
                                                                            jax.tree.leaves(params)))
 
 
+def server_model(state) -> PyTree:
+  """The broadcast model of a server state with ``params`` and ``model_state``: variables with BatchNorm state,
+  bare params without."""
+  return merge_variables(state.params, state.model_state) if state.model_state else state.params
+
+
 def zeros_like_tree(tree: PyTree) -> PyTree:
   return jax.tree.map(jnp.zeros_like, tree)
 

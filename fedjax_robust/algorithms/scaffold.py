@@ -40,11 +40,12 @@ import optax
 from fedjax_robust.aggregators import Aggregator, make_mean
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, mean_model_state, tree_sub
-from fedjax_robust.algorithms.hetero_common import (aggregate_deltas, included_count, linear_term, weighted_rows,
+from fedjax_robust.algorithms.hetero_common import (aggregate_deltas, included_count, linear_term, server_model,
+                                                    weighted_rows,
                                                     zeros_like_tree)
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
 from fedjax_robust.hparams import check
-from fedjax_robust.models.interface import Model, as_model, merge_variables, split_variables
+from fedjax_robust.models.interface import Model, as_model, split_variables
 from fedjax_robust.round_context import RoundContext
 
 PyTree = Any
@@ -82,11 +83,8 @@ def make_scaffold(model: Model, client_opt: optax.GradientTransformation, spec: 
   def init_client(params, model_state=None):
     return {"c": zeros_like_tree(params)}
 
-  def model_of(state: ScaffoldServerState):
-    return merge_variables(state.params, state.model_state) if state.model_state else state.params
-
   def broadcast(state: ScaffoldServerState):
-    return {"model": model_of(state), "c": state.c}
+    return {"model": server_model(state), "c": state.c}
 
   def client_update(payload, client_state, data: ClientData, key):
     x, model_state = split_variables(payload["model"])
@@ -123,5 +121,5 @@ def make_scaffold(model: Model, client_opt: optax.GradientTransformation, spec: 
   def personal_params(payload, client_state, data, key):
     return payload["model"]
 
-  return FedAlgorithm("scaffold", init_server, init_client, broadcast, client_update, server_update, model_of,
+  return FedAlgorithm("scaffold", init_server, init_client, broadcast, client_update, server_update, server_model,
                       personal_params, uses_context=True)
