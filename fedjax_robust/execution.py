@@ -31,6 +31,15 @@ client kernel does zero real steps — an exact no-op), a fixed valid key
 (``jax.random.key(0)``) for typed PRNG-key leaves. The padded slots' outputs
 are dropped, so they never reach aggregation; they are never copies of a real
 client.
+
+Several hosts. The ``shard_map`` mesh spans ``jax.devices()``, which after
+:func:`initialize_distributed` (JAX's multi-controller runtime,
+``jax.distributed.initialize``) is every device of every process. Each process
+runs the same program on its own devices; :meth:`ShardMapStrategy.place_clients`
+then builds every global array with ``jax.make_array_from_callback``, so a
+process writes only the client rows of its own devices, and :func:`to_host`
+brings a round's metrics to every process (a replicated value from a local
+copy, a sharded one through ``multihost_utils.process_allgather``).
 """
 
 from __future__ import annotations
@@ -156,20 +165,37 @@ class ShardMapStrategy:
 
   def place_replicated(self, tree):
     """Every leaf on every device of the mesh: ``NamedSharding(mesh, P())``."""
-    return jax.tree.map(lambda a: jax.device_put(a, self._replicated), tree)
+    return jax.tree.map(lambda a: _put(a, self._replicated), tree)
 
   def _place_client_leaf(self, a):
     shape = np.shape(a)
     if not shape:
-      return jax.device_put(a, self._replicated)
+      return _put(a, self._replicated)
     size = shape[0]
     if size % self.num_devices == 0:
-      return jax.device_put(a, self._clients_sharding)
+      return _put(a, self._clients_sharding)
     if size not in self._logged_sizes:
       self._logged_sizes.add(size)
       logger.info("place_clients: %d clients do not divide the %d devices of the mesh, so arrays with this "
                   "leading axis stay replicated on every device instead of sharded", size, self.num_devices)
-    return jax.device_put(a, self._replicated)
+    return _put(a, self._replicated)
+
+
+def _put(a, sharding: NamedSharding):
+  """``a`` as a global array with ``sharding``.
+
+  One process: ``jax.device_put``. Several (``jax.distributed``): an array that is already global is resharded by
+  ``jax.device_put``; a host or process-local value (the same on every process, e.g. the client data every process
+  built from the same seed) becomes ``jax.make_array_from_callback(shape, sharding, ...)``, which asks this process
+  only for the rows of its own devices — ``jax.device_put`` of a process-local array onto devices of other
+  processes is not what a multi-controller program may do. Typed PRNG keys travel as their key data.
+  """
+  if jax.process_count() == 1 or (isinstance(a, jax.Array) and not a.is_fully_addressable):
+    return jax.device_put(a, sharding)
+  if isinstance(a, jax.Array) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(_put(jax.random.key_data(a), sharding), impl=jax.random.key_impl(a))
+  host = np.asarray(a)
+  return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
 class SequentialStrategy:
@@ -228,6 +254,9 @@ def make_strategy(name: str, num_devices: int | None = None):
             f"shard_map asked for {num_devices} devices but JAX sees {len(devices)}; on a CPU call "
             "configure_cpu_devices(n) (or set XLA_FLAGS=--xla_force_host_platform_device_count=n) before JAX starts"
         )
+      if jax.process_count() > 1 and num_devices != len(devices):
+        raise ValueError(f"engine.num_devices={num_devices} in a run of {jax.process_count()} processes: the mesh "
+                         f"must span every process's devices, so leave it 0 (all {len(devices)} devices)")
       devices = devices[:num_devices]
     return ShardMapStrategy(devices)
   raise ValueError(f"unknown execution strategy {name!r}; choose one of {STRATEGIES} or 'auto'")
@@ -240,6 +269,45 @@ def configure_cpu_devices(count: int) -> None:
   except RuntimeError as err:  # backend already initialised
     if jax.device_count() != count:
       logger.warning("could not set %d CPU devices (%s); JAX keeps %d", count, err, jax.device_count())
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, local_device_ids: Sequence[int] | None = None) -> None:
+  """Joins this process to a multi-process run through JAX's own runtime: ``jax.distributed.initialize``.
+
+  Must run before the first JAX computation. Arguments left ``None`` are auto-detected by JAX from the cluster
+  environment (SLURM, Open MPI, a Cloud TPU pod slice, ...); on a plain set of machines give all three:
+  ``coordinator_address`` (``host:port`` of process 0, reachable by every process), ``num_processes`` and this
+  process's ``process_id`` (0 .. num_processes-1). Afterwards ``jax.devices()`` lists every process's devices and
+  ``jax.local_devices()`` this one's; the ``shard_map`` strategy's mesh spans them all. On CPUs, cross-process
+  collectives use gloo (``jax_cpu_collectives_implementation``, JAX's default on CPU).
+  """
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id, local_device_ids=local_device_ids)
+  logger.info("jax.distributed: process %d of %d, %d local of %d devices", jax.process_index(), jax.process_count(),
+              jax.local_device_count(), jax.device_count())
+
+
+def is_primary() -> bool:
+  """Whether this is process 0: the one process that writes a run's outputs (always true in one process)."""
+  return jax.process_index() == 0
+
+
+def to_host(tree):
+  """``tree`` with its arrays fetched as numpy, the same on every process.
+
+  One process: ``jax.device_get``. Several: a global array spanning other processes' devices is read from this
+  process's copy when it is fully replicated, else gathered with ``multihost_utils.process_allgather`` — a
+  collective, which every process runs in the same order since every process runs the same program.
+  """
+  def fetch(a):
+    if isinstance(a, jax.Array) and not a.is_fully_addressable:
+      if a.sharding.is_fully_replicated:
+        return np.asarray(a.addressable_data(0))
+      from jax.experimental import multihost_utils
+      return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+    return a
+  return jax.device_get(jax.tree.map(fetch, tree))
 
 
 def is_traceable(strategy) -> bool:

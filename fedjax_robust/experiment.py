@@ -38,7 +38,7 @@ from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, al
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
-from fedjax_robust.execution import default_strategy_name, make_strategy
+from fedjax_robust.execution import default_strategy_name, is_primary, make_strategy, to_host
 from fedjax_robust.metrics.evaluators import resolve_evaluators
 from fedjax_robust.models import as_model, get_model_from_config, make_model
 from fedjax_robust.models.interface import with_input_normalization
@@ -425,7 +425,12 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   if spec.epochs < 1 or spec.batch_size < 1:
     raise ValueError(f"client.epochs and client.batch_size must be >= 1, got {spec.epochs}, {spec.batch_size}")
   strategy_name = config.engine.strategy
-  if strategy_name == "auto":
+  if jax.process_count() > 1:  # jax.distributed: only a mesh over every process's devices shares the clients out
+    if strategy_name not in ("auto", "shard_map"):
+      raise ValueError(f"engine.strategy={strategy_name!r} in a run of {jax.process_count()} processes: every "
+                       "process would run every client on its own devices; use shard_map (or auto)")
+    strategy_name = "shard_map"
+  elif strategy_name == "auto":
     strategy_name = default_strategy_name(backend, conv, jax.device_count())
   strategy = make_strategy(strategy_name, config.engine.num_devices or None)
   cohort = cohort_size(config, data.num_clients)
@@ -570,6 +575,24 @@ class RunWriter:
     self._csv_file.close()
 
 
+class SilentRunWriter(RunWriter):
+  """What a process other than process 0 of a multi-process run writes: nothing (process 0 writes the run
+  directory; every process computes the same records)."""
+
+  def __init__(self, run_dir: Path, records: Iterable[dict] = (), tensorboard: bool = False):
+    del records, tensorboard
+    self.dir = Path(run_dir)
+
+  def write_json(self, name: str, obj) -> None:
+    pass
+
+  def log_round(self, record: dict) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 def partition_record(data) -> dict:
   return {
       "dataset": data.name,
@@ -664,6 +687,13 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   evaluated = set(eval_rounds(int(config.rounds), int(config.eval_every),
                               int(config.get("eval", {}).get("last_rounds", 0))))
   stop_at = float(config.get("eval", {}).get("stop_at", 0.0))
+  if jax.process_count() > 1:  # jax.distributed (experiments/run.py --distributed): see README "More than one host"
+    if config.get("seeds") or config.get("grid"):
+      raise ValueError("seeds/grid programs vmap the whole run on one process's devices; a multi-process run takes "
+                       "one seed (unset seeds and grid, or run them one process group each)")
+    if config.output.checkpoint_every > 0 or config.output.resume:
+      raise ValueError("output.checkpoint_every and output.resume are single-process only: a multi-process run "
+                       "writes no checkpoints (set output.checkpoint_every=0 and output.resume=False)")
   if config.get("seeds") or config.get("grid"):
     if stop_at:
       raise ValueError("eval.stop_at stops a one-seed run; a seeds/grid program runs every round (unset one)")
@@ -676,7 +706,8 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   run_dir = Path(run_dir)
   config_json = json.loads(config.to_json_best_effort())
   checkpoint_dir = run_dir / "checkpoints"
-  if not config.output.resume:
+  primary = is_primary()  # process 0 writes the run directory; the others compute the same rounds and write nothing
+  if not config.output.resume and primary:
     remove_checkpoints(checkpoint_dir)  # a fresh run must never be resumed from an earlier run's state
   checkpointer = None
   if config.output.checkpoint_every > 0 or config.output.resume:
@@ -684,8 +715,9 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   start, history, restored = (_resume_point(config, run_dir, checkpointer, config_json, exp.init_state())
                                if config.output.resume else (0, [], None))
   # Resumed at its last round, a run has nothing left to run but re-logs that round with an evaluation (below).
-  writer = RunWriter(run_dir, history[:-1] if start == config.rounds else history,
-                     tensorboard=bool(config.output.get("tensorboard", False)))
+  writer_cls = RunWriter if primary else SilentRunWriter
+  writer = writer_cls(run_dir, history[:-1] if start == config.rounds else history,
+                      tensorboard=bool(config.output.get("tensorboard", False)))
   writer.write_json("config.json", config_json)
   writer.write_json("partition.json", partition_record(exp.data))
   if exp.malicious is not None:
@@ -702,14 +734,14 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   earlier_s = history[-1]["elapsed_s"] if history else 0.0  # wall time of the sessions before this one
   t0 = time.perf_counter()
   bar = None
-  if config.output.progress:
+  if config.output.progress and primary:
     from tqdm.auto import tqdm
     bar = tqdm(total=config.rounds, initial=start, unit="round", dynamic_ncols=True)
   record: dict[str, Any] = history[-1] if history else {}
   stopped_at = None
   for t in range(start + 1, config.rounds + 1):
     state, metrics = sim.run_round(state)
-    record = round_record(t, metrics)
+    record = round_record(t, to_host(metrics))
     if t in evaluated:
       record.update(sim.evaluate(state))
     record["elapsed_s"] = earlier_s + time.perf_counter() - t0
@@ -754,9 +786,11 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
       "devices": [str(d) for d in jax.devices()],
       "run_dir": str(writer.dir),
   }
+  if jax.process_count() > 1:
+    summary["processes"] = jax.process_count()
   writer.write_json("summary.json", summary)
   writer.close()
-  if config.output.get("plots", True):
+  if config.output.get("plots", True) and primary:
     write_plots(writer.dir)
   return summary
 

@@ -78,6 +78,7 @@ def base_data(data):
 def pretrain(config: ml_collections.ConfigDict, data, rounds: int | None = None) -> tuple[Any, dict, list[dict]]:
   """Runs the warm start on ``data`` (the clean federated data); returns ``(params, model_state, records)``:
   the FedAvg global model after ``rounds`` (default ``init.pretrain_rounds``) rounds and each round's train loss."""
+  from fedjax_robust.execution import to_host
   from fedjax_robust.experiment import build_experiment
   from fedjax_robust.models.interface import split_variables
   rounds = pretrain_rounds(config) if rounds is None else int(rounds)
@@ -88,7 +89,7 @@ def pretrain(config: ml_collections.ConfigDict, data, rounds: int | None = None)
   records = []
   for t in range(1, rounds + 1):
     state, metrics = exp.simulator.run_round(state)
-    loss = float(metrics["train_loss"])
+    loss = float(to_host(metrics["train_loss"]))  # a global array in a multi-process run
     records.append({"round": t, "train_loss": loss})
     if not math.isfinite(loss):
       logger.warning("pre-training round %d: train loss is %s", t, loss)

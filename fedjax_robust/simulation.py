@@ -28,7 +28,7 @@ import numpy as np
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData
 from fedjax_robust.data.dynamics import TrainSchedule, revealed_counts
-from fedjax_robust.execution import VmapStrategy, is_traceable
+from fedjax_robust.execution import VmapStrategy, is_traceable, to_host
 from fedjax_robust.metrics import count_correct
 from fedjax_robust.metrics.evaluation import score_models
 from fedjax_robust.metrics.evaluators import EVALUATORS, accuracy_record, resolve_evaluators
@@ -220,9 +220,12 @@ class Simulator:
       raise ValueError(f"the model has state {self.model.state_collections}: pass model_state to init")
     clients = stack_clients(self.algorithm.init_client(params, *extra), self.num_clients)
     server = self.algorithm.init_server(params, *extra)
+    round_index = jnp.zeros((), jnp.int32)
     if hasattr(self.strategy, "place_clients"):  # shard_map: clients sharded over the mesh, the server replicated
-      clients, server = self.strategy.place_clients(clients), self.strategy.place_replicated(server)
-    return SimState(jnp.zeros((), jnp.int32), server, clients, key)
+      clients = self.strategy.place_clients(clients)
+      # The round counter and run key too: placed as a round's outputs are, round 2 reuses round 1's program.
+      server, round_index, key = self.strategy.place_replicated((server, round_index, key))
+    return SimState(round_index, server, clients, key)
 
   # ----------------------------------------------------------------------------------- rounds
   @staticmethod
@@ -424,9 +427,10 @@ class Simulator:
     ``*_mean`` is the plain mean over clients; ``*_weighted`` weights by
     test-split size (= total correct / total scored). With a malicious mask,
     ``benign_acc_*`` and ``global_benign_acc_weighted`` count benign clients only
-    (FedCAP's TAcc, spec §4.4). Every evaluator's device values come to the host in one transfer.
+    (FedCAP's TAcc, spec §4.4). Every evaluator's device values come to the host in one transfer (on every
+    process of a multi-process run: :func:`~fedjax_robust.execution.to_host`).
     """
-    return self.evaluation_record(jax.device_get(self._evaluate_raw(state, self.inputs)))
+    return self.evaluation_record(to_host(self._evaluate_raw(state, self.inputs)))
 
 
 def _step_weighted_mean(loss: jax.Array, steps: jax.Array) -> jax.Array:
