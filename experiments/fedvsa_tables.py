@@ -270,8 +270,10 @@ def table5(results: dict) -> str:
 
 
 def fig3_rows(results: dict, methods=FIG3_METHODS) -> list[tuple[str, str, dict]]:
-  return [(parse_key(k)[0], parse_key(k)[2], v) for k, v in sorted(results.items())
+  """The attack cells of ``methods``, by dataset and then in ``methods``' order."""
+  rows = [(parse_key(k)[0], parse_key(k)[2], v) for k, v in results.items()
           if parse_key(k)[4] and parse_key(k)[2] in methods]
+  return sorted(rows, key=lambda r: (DATASETS.index(r[0]), methods.index(r[1])))
 
 
 def fig5(results: dict) -> str:
@@ -298,17 +300,22 @@ def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
   import matplotlib.pyplot as plt
   rows = fig3_rows(results, methods)
   datasets = sorted({d for d, _, _ in rows})
-  fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 3.8), squeeze=False)
+  fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 5.2), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
+    horizon = 0
     for d, method, cell in rows:
       if d == dataset:
         acc = 100 * np.asarray(cell["global_test_acc_per_round"])
-        ax.plot(np.arange(1, len(acc) + 1), acc, label=LABELS[method].strip("*"), lw=1.4)
-    for t in ATTACK_ROUNDS:
+        horizon = max(horizon, len(acc))
+        ax.plot(np.arange(1, len(acc) + 1), acc, label=LABELS[method].strip("*"), lw=2.2 if "fedvsa" in method else 1.1,
+                ls="-" if "fedvsa" in method else "--")
+    attacks = [t for t in ATTACK_ROUNDS if t <= horizon]
+    for t in attacks:
       ax.axvline(t, color="grey", ls=":", lw=0.8)
-    ax.set(title=f"{dataset}: model replacement at rounds {', '.join(map(str, ATTACK_ROUNDS))}",
-           xlabel="round (after the warm start)", ylabel="global test accuracy (%)", ylim=(0, 100))
-    ax.legend(fontsize=8)
+    ax.set(title=f"{dataset}: model replacement at rounds {', '.join(map(str, attacks))}",
+           xlabel="round (after the warm start)", ylabel="global test accuracy (%)", ylim=(0, 100),
+           xlim=(1, horizon))
+    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15))
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=120)
