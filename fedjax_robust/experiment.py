@@ -44,6 +44,7 @@ from fedjax_robust.models import as_model, get_model_from_config, make_model
 from fedjax_robust.models.interface import with_input_normalization
 from fedjax_robust.optim import optimizer_from_config
 from fedjax_robust.pretrain import pretrain, pretrain_rounds
+from fedjax_robust.round_context import SERVER_DATA_NEEDS
 from fedjax_robust.sampling import sampler_from_config
 from fedjax_robust.simulation import SimState, Simulator
 
@@ -439,12 +440,11 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   aggregator, server_data = None, None
   if entry.aggregates:  # always through a rule: the default `mean` rule also screens non-finite uploads
     aggregator = aggregator_from_config(agg_cfg if agg_cfg is not None else {"name": "mean"}, num_clients=cohort)
-    if set(aggregator.needs) - {"penultimate_weights"}:  # every other need is computed on server-held data
-      server_data = server_dataset(clean, config.server, int(config.seed))
   elif not _is_default_mean(agg_cfg):
     raise ValueError(f"algorithm {config.algorithm.name!r} aggregates nothing with a server rule; leave "
                      "aggregator.name='mean' with no parameters")
-  if server_data is None and entry.server_data(config):
+  rule_needs = set(aggregator.needs) if aggregator is not None else set()
+  if rule_needs & set(SERVER_DATA_NEEDS) or entry.server_data(config):
     server_data = server_dataset(clean, config.server, int(config.seed))
 
   def algorithm_with(hparams=None) -> FedAlgorithm:

@@ -41,6 +41,8 @@ from fedjax_robust.metrics.evaluation import score_models, score_one
 PyTree = Any
 
 NEEDS = ("reference_update", "features", "penultimate_weights", "server_losses")
+# The needs computed on server-held data: a rule declaring one of these makes the run build it.
+SERVER_DATA_NEEDS = ("reference_update", "features", "server_losses")
 
 
 class RoundContext(NamedTuple):

@@ -1,7 +1,6 @@
 """FedVSA (spec shared/specs/fedvsa.md): weights, inference loss, audit, Shapley values, reconstruction, hotfix,
 the model-replacement adversary, and an end-to-end attack-and-recovery run (spec §7)."""
 
-import itertools
 import json
 import math
 

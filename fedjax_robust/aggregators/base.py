@@ -103,12 +103,22 @@ def sanitize(updates: PyTree, mask: Optional[jax.Array] = None):
   """
   c = num_clients_of(updates)
   mask = jnp.ones((c,), bool) if mask is None else jnp.asarray(mask, bool).reshape(c)
-  finite = jnp.ones((c,), bool)
-  for leaf in jax.tree.leaves(updates):
-    finite = finite & jnp.all(jnp.isfinite(leaf.reshape(c, -1)), axis=1)
+  finite = finite_rows(updates, c)
   valid = mask & finite
-  clean = jax.tree.map(lambda u: jnp.where(_col(valid, u), u, jnp.zeros((), u.dtype)), updates)
-  return clean, valid, mask & ~finite
+  return zero_rows(updates, valid), valid, mask & ~finite
+
+
+def finite_rows(stacked: PyTree, c: int) -> jax.Array:
+  """``[C]`` bool: client ``i``'s rows of every leaf are all finite (True for a tree without leaves)."""
+  finite = jnp.ones((c,), bool)
+  for leaf in jax.tree.leaves(stacked):
+    finite = finite & jnp.all(jnp.isfinite(leaf.reshape(c, -1)), axis=1)
+  return finite
+
+
+def zero_rows(stacked: PyTree, keep: jax.Array) -> PyTree:
+  """``stacked`` with the rows of every client not in ``keep`` set to exactly 0 (so NaN/Inf there cannot spread)."""
+  return jax.tree.map(lambda u: jnp.where(_col(keep, u), u, jnp.zeros((), u.dtype)), stacked)
 
 
 class Prepared(NamedTuple):

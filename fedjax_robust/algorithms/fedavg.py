@@ -39,7 +39,7 @@ from flax import traverse_util
 
 from fedjax_robust.adversarial.objectives import Objective, cross_entropy_loss
 from fedjax_robust.aggregators import Aggregator, make_mean
-from fedjax_robust.aggregators.base import combine
+from fedjax_robust.aggregators.base import combine, finite_rows, zero_rows
 from fedjax_robust.hparams import check, may_be_nonzero
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train
@@ -118,14 +118,10 @@ def mean_model_state(states: dict, coeffs: jax.Array, fallback: dict) -> dict:
   the previous state when nothing was aggregated."""
   if not jax.tree.leaves(states):
     return fallback
-  c = coeffs.shape[0]
-  finite = jnp.ones((c,), bool)
-  for leaf in jax.tree.leaves(states):
-    finite &= jnp.all(jnp.isfinite(leaf.reshape(c, -1)), axis=1)
+  finite = finite_rows(states, coeffs.shape[0])
   w = jnp.where(finite, coeffs, 0.0)
   total = jnp.sum(w)
-  clean = jax.tree.map(lambda a: jnp.where(finite.reshape((c,) + (1,) * (a.ndim - 1)), a, 0.0), states)
-  mean = combine(w / jnp.where(total > 0, total, 1.0), clean)
+  mean = combine(w / jnp.where(total > 0, total, 1.0), zero_rows(states, finite))
   return jax.tree.map(lambda m, old: jnp.where(total > 0, m, old), mean, fallback)
 
 

@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_robust.aggregators.base import HIGHEST
+from fedjax_robust.aggregators.base import HIGHEST, finite_rows, zero_rows
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.fedavg import ServerState, apply_server_update, make_fedavg, mean_model_state
 from fedjax_robust.client import ClientData, LocalTrainSpec
@@ -165,20 +165,11 @@ def loss_audit(losses: jax.Array, reporting: jax.Array, reference: jax.Array, qu
 
 
 def weighted_sum(p: jax.Array, stacked: PyTree) -> PyTree:
-  """``Σ_k p_k x_k`` over the leading cohort axis (full precision: the Shapley reconstruction must equal the
-  aggregate it re-derives)."""
+  """``Σ_k p_k x_k`` over the leading cohort axis as a full-precision contraction. Unlike
+  :func:`~fedjax_robust.aggregators.base.combine` (broadcast product, then sum) it stays a matrix product when
+  vmapped over a chunk of coalitions (``[chunk, C] x [C, P]``), so no ``chunk x C x P`` product is built; the
+  aggregate and the Shapley reconstruction use this same function, so ``recon(all) == w^t``."""
   return jax.tree.map(lambda a: jnp.tensordot(p.astype(a.dtype), a, axes=1, precision=HIGHEST), stacked)
-
-
-def _finite_rows(tree: PyTree, c: int) -> jax.Array:
-  ok = jnp.ones((c,), bool)
-  for leaf in jax.tree.leaves(tree):
-    ok &= jnp.all(jnp.isfinite(leaf.reshape(c, -1)), axis=1)
-  return ok
-
-
-def _zero_rows(tree: PyTree, keep: jax.Array) -> PyTree:
-  return jax.tree.map(lambda a: jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a)), tree)
 
 
 class Cache(NamedTuple):
@@ -345,9 +336,9 @@ def make_fedvsa(
     deltas, losses = uploads["delta"], jnp.asarray(uploads["loss"], jnp.float32)
     c = weights.shape[0]
     cohort = jnp.arange(c) if context is None else context.cohort
-    reporting = (weights > 0) & jnp.isfinite(losses) & _finite_rows(deltas, c)
+    reporting = (weights > 0) & jnp.isfinite(losses) & finite_rows(deltas, c)
     if "model_state" in uploads:
-      reporting &= _finite_rows(uploads["model_state"], c)
+      reporting &= finite_rows(uploads["model_state"], c)
     kept = reporting & ~state.blacklist[cohort]
     diagnostics = {}
     correction = jax.tree.map(jnp.zeros_like, server.params)
@@ -386,12 +377,12 @@ def make_fedvsa(
     if repairs and repaired_round == "skip":  # this round's updates started from the model just found poisoned
       kept &= ~jnp.any(flagged_prev)
     p = weights_of(losses, kept)
-    clean_deltas = _zero_rows(deltas, kept)
+    clean_deltas = zero_rows(deltas, kept)
     mean_delta = jax.tree.map(jnp.add, weighted_sum(p, clean_deltas), correction)
     new_server = apply_server_update(server_opt, server, mean_delta)
     states = {}
     if "model_state" in uploads:
-      states = _zero_rows(uploads["model_state"], kept)
+      states = zero_rows(uploads["model_state"], kept)
       new_server = new_server._replace(model_state=mean_model_state(states, p, server.model_state))
     safe_losses = jnp.where(kept, losses, 0.0)
     new_state = state._replace(server=new_server)
