@@ -8,13 +8,19 @@ max(global-model, locally-updated-model) sample-weighted accuracy over the benig
   python experiments/byzantine_baselines.py --data_dir ../shared/data --rounds 100 --epochs 5   # the paper's run
   python experiments/byzantine_baselines.py --data_dir ../shared/data --rounds 10 --epochs 1 \
       --attacks sign_flip,ipm --rules mean,median                                              # a CPU smoke run
+  python experiments/byzantine_baselines.py --from_json experiments/results/byzantine_baselines_h100.json \
+      --table diff                                                         # a table of a stored results file
 
-Writes <out_dir>/<attack>__<rule>/ run directories, <out_dir>/results.json and <out_dir>/table.md.
+Writes <out_dir>/<attack>__<rule>/ run directories, <out_dir>/results.json and <out_dir>/table.md (the ``ours``
+table). ``--from_json`` prints one table of a stored results file instead (``--table``): ``ours`` (ours / paper per
+cell), ``diff`` (ours - paper, points; bold where |diff| > 10), ``global`` (the global model alone) or
+``trajectory`` (each cell's stored per-round values, for cells run with ``--set eval_every=N``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -67,8 +73,15 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--attacks", default=",".join(ATTACKS))
   parser.add_argument("--rules", default=",".join(RULES))
+  parser.add_argument("--from_json", default=None, metavar="RESULTS_JSON",
+                      help="print --table of a stored results file (every attack and rule it holds) and exit")
+  parser.add_argument("--table", choices=tuple(TABLES), default="ours", help="with --from_json: which table")
   grid.add_common_args(parser, "runs/byzantine_baselines")
   args = parser.parse_args()
+  if args.from_json:
+    results = json.loads(Path(args.from_json).read_text())
+    print(render(results, args.table), end="")
+    return
   logging.basicConfig(level=logging.WARNING)
   out, results_path, results = grid.open_results(args.out_dir, args.shard)
   attacks, rules = args.attacks.split(","), args.rules.split(",")
@@ -78,7 +91,7 @@ def main():
     cells = [(f"{attack}__{rule}", cell_config(args, attack, rule), record) for attack in attacks for rule in rules]
     grid.run_cells(cells, out, results_path, results)
   merged = grid.merged_results(out)
-  table = markdown_table(merged, [a for a in ATTACKS if a in attacks], [r for r in RULES if r in rules])
+  table = render(merged, "ours", [a for a in ATTACKS if a in attacks], [r for r in RULES if r in rules])
   (out / "table.md").write_text(table)
   print(table)
 
@@ -92,19 +105,110 @@ def record(summary, run_dir, config) -> dict:
           "models": models}
 
 
-def markdown_table(results, attacks, rules) -> str:
-  header = "| Attack | " + " | ".join(f"{RULES[r][0]} ours / paper" for r in rules) + " |"
-  lines = [header, "|" + "---|" * (len(rules) + 1)]
+def paper_value(attack: str, rule: str) -> float:
+  """The paper's number for a cell (``PAPER``, spec §5.1); a variant rule (``rfa_vector``) gets its column's."""
+  return PAPER[ATTACKS[attack]][PAPER_RULES.index(PAPER_COLUMN.get(rule, rule))]
+
+
+def model_acc(cell: dict, model: str) -> float | None:
+  """One model's accuracy (%) in a stored cell: ``models[model]``, or the top-level key of older files."""
+  value = cell.get("models", {}).get(model, cell.get(model))
+  return None if value is None else float(value)
+
+
+def _ours(cell, attack, rule) -> str:
+  paper = paper_value(attack, rule)
+  return f"{cell['value']:.2f} / {paper:.2f}" if cell else f"— / {paper:.2f}"
+
+
+def _diff(cell, attack, rule) -> str:
+  if not cell:
+    return "—"
+  diff = f"{cell['value'] - paper_value(attack, rule):+.1f}"
+  return f"**{diff}**" if abs(cell["value"] - paper_value(attack, rule)) > 10 else diff
+
+
+def _global(cell, attack, rule) -> str:
+  value = model_acc(cell, "global") if cell else None
+  return "—" if value is None else f"{value:.1f}"
+
+
+# --table -> (header suffix of each rule column, cell formatter)
+CELL_TABLES = {"ours": (" ours / paper", _ours), "diff": ("", _diff), "global": ("", _global)}
+
+
+def markdown_table(results: dict, attacks, rules, table: str = "ours") -> str:
+  """Attack x rule table of ``results`` (cells keyed ``<attack>__<rule>``): ``ours`` / ``diff`` / ``global``."""
+  suffix, fmt = CELL_TABLES[table]
+  lines = ["| Attack | " + " | ".join(f"{RULES[r][0]}{suffix}" for r in rules) + " |", "|" + "---|" * (len(rules) + 1)]
   for attack in attacks:
-    name = ATTACKS[attack]
-    cells = []
-    for rule in rules:
-      res = results.get(f"{attack}__{rule}")
-      paper = PAPER[name][PAPER_RULES.index(PAPER_COLUMN.get(rule, rule))]
-      cells.append(f"{res['value']:.2f} / {paper:.2f}" if res else f"— / {paper:.2f}")
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    cells = [fmt(results.get(f"{attack}__{rule}"), attack, rule) for rule in rules]
+    lines.append(f"| {ATTACKS[attack]} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
+
+def trajectory_table(results: dict) -> str:
+  """Per cell with a stored ``trajectory`` (round -> local / global accuracy): one row per model, one column per
+  evaluated round, then the final value against the paper's."""
+  out = []
+  for key, cell in results.items():
+    if key.startswith("_") or "trajectory" not in cell:
+      continue
+    attack, rule = key.split("__")
+    rounds = sorted(cell["trajectory"], key=int)
+    paper = paper_value(attack, rule)
+    out += [f"| {ATTACKS[attack]}, {RULES[rule][0]} (grid rule `{rule}`) | " + " | ".join(f"round {r}" for r in rounds) + " |",
+            "|" + "---|" * (len(rounds) + 1)]
+    for model, label in (("local", "locally-updated model"), ("global", "global model")):
+      out.append(f"| {label} | " + " | ".join(f"{cell['trajectory'][r][model]:.2f}" for r in rounds) + " |")
+    out += ["", f"Value (max of the two at round {rounds[-1]}): {cell['value']:.2f}, paper {paper:.2f} "
+            f"({cell['value'] - paper:+.1f} points).", "", ""]
+  return "\n".join(out)
+
+
+def provenance_note(results: dict) -> str:
+  """One line: where the file's cells came from, as far as the file says (never filled in from elsewhere)."""
+  cells = [c for k, c in results.items() if not k.startswith("_")]
+  distinct = lambda field: sorted({str(c[field]) for c in cells if c.get(field) is not None})
+  parts = []
+  commits = distinct("commit")
+  if commits:
+    dirty = any(c.get("dirty") for c in cells)
+    parts.append("commit " + ", ".join(c[:12] for c in commits) + (" (with uncommitted changes)" if dirty else ""))
+  devices = distinct("device_kind") or distinct("device")
+  if devices:
+    parts.append("device " + ", ".join(devices))
+  if distinct("jax"):
+    parts.append("jax " + ", ".join(distinct("jax")))
+  commands = distinct("command") or ([results["_command"]] if "_command" in results else [])
+  if len(commands) == 1:
+    parts.append(f"command `{commands[0]}`")
+  elif commands:
+    parts.append(f"{len(commands)} commands, e.g. `{commands[0]}`")
+  if "_machine" in results:
+    parts.append(f"machine: {results['_machine']}")
+  if not parts:
+    return ("provenance: not recorded in this file (stored before results carried config/commit/command); "
+            "command and device as stated above")
+  missing = "" if commits else "; commit not recorded"
+  return "provenance: " + "; ".join(parts) + missing
+
+
+TABLES = ("ours", "diff", "global", "trajectory")
+
+
+def render(results: dict, table: str, attacks=None, rules=None) -> str:
+  """``table`` of ``results`` (default: every attack and rule of the grid that the file holds) and, under it, the
+  file's provenance line."""
+  if table == "trajectory":
+    body = trajectory_table(results)
+  else:
+    keys = [k.split("__") for k in results if not k.startswith("_")]
+    attacks = attacks or [a for a in ATTACKS if any(a == k[0] for k in keys)]
+    rules = rules or [r for r in RULES if any(r == k[-1] for k in keys)]
+    rules = sorted(rules, key=lambda r: PAPER_RULES.index(PAPER_COLUMN.get(r, r)))  # a variant beside its column
+    body = markdown_table(results, attacks, rules, table) + "\n"
+  return body + provenance_note(results) + "\n"
 
 if __name__ == "__main__":
   main()
