@@ -328,6 +328,20 @@ def with_std(cell: dict, key: str, digits: int = 2) -> str:
   return f"{cell[key]:.{digits}f}"
 
 
+def removal_text(removed_round, num_attackers: int = 0) -> str:
+  """``{client: round}`` as 'round 8: 10; round 9: 1, 17' (or 'all 6 in round 1' when ``num_attackers`` clients
+  left together); '' when nobody was removed. Older result files stored the dict as its ``str``."""
+  if isinstance(removed_round, str):
+    import ast
+    removed_round = ast.literal_eval(removed_round)
+  by_round: dict[int, list[int]] = {}
+  for client, r in removed_round.items():
+    by_round.setdefault(int(r), []).append(int(client))
+  if len(by_round) == 1 and len(removed_round) == num_attackers:
+    return f"all {num_attackers} in round {next(iter(by_round))}"
+  return "; ".join(f"round {r}: {', '.join(map(str, sorted(c)))}" for r, c in sorted(by_round.items()))
+
+
 def markdown_table(results: dict, dataset: str = "cifar10") -> str:
   """Table III layout: ours next to the paper's row for ``dataset`` (EMNIST's for the FEMNIST stand-in)."""
   paper_row = DATASETS[dataset]
@@ -342,8 +356,8 @@ def markdown_table(results: dict, dataset: str = "cifar10") -> str:
     paper = PAPER_TACC[paper_row].get(name)
     det = PAPER_DETECTION[paper_row].get(name)
     fmt = lambda key, theirs: f"{with_std(r, key, 0)} / {theirs}" if det else "–"
-    removed = r["removed_round"] if "per_seed" not in r else "; ".join(
-        f"seed {s}: {c['removed_round'] or '–'}" for s, c in r["per_seed"].items())
+    removed = removal_text(r["removed_round"]) if "per_seed" not in r else "; ".join(
+        f"seed {s}: {removal_text(c['removed_round']) or '–'}" for s, c in r["per_seed"].items())
     lines.append(
         f"| {name} | {with_std(r, 'value')} / {paper if paper is not None else '–'} | {with_std(r, 'customized')} | "
         f"{with_std(r, 'personalized')} | {fmt('dacc', det[0] if det else 0)} | {fmt('fpr', det[1] if det else 0)} | "
