@@ -13,6 +13,11 @@ Modes:
 * ``fig3``: model replacement at rounds 10, 25, 50: accuracy just before, at and after each attack round, and a
   PNG of the curves (``--figure``); ``fig5``: the same for FedVSA's ablations (w/o loss comparison, w/o Shapley
   value, aggregation only, and Fig. 4's w/o clipping).
+* ``table9``: each baseline's final accuracy (and the mean of its last 10 rounds, spec A15) without and with
+  FedVSA's weighting plugged in (``<method>+vsa``: ``server.weighting.name=value_sensitive``, its local rule and
+  its rule's selection kept); FedNova, FedDisco, FedLAW and Median have none (spec §3). The paper does not state
+  Table 9's setting; spec A16 assumes MNIST σ=900 (the default cells). Its cells run the whole horizon (no stop at a
+  target) and are stored under their own keys (``...__full``), apart from Table 3's; a cell not run prints "not run".
 
 Every cell is one run directory under ``--out_dir`` and one entry of ``results*.json`` there, with its resolved
 config, per-round accuracy, seeds, commit, command, device and wall time (``grid.run_cells``). Cells not run are
@@ -107,6 +112,16 @@ T5_SETTINGS = (("sigma900", 0.1), ("sigma900", 0.3), ("sigma900", 0.5), ("dir0.1
                ("dir0.1", 0.5))
 
 
+# Table 9 (accuracy %; w/o FedVSA, w/ FedVSA or None where the plug-in does not apply), spec §5.
+PAPER_T9 = {"fedavg": (87.69, 93.76), "fedprox": (87.76, 89.49), "scaffold": (92.55, 93.44), "fednova": (89.54, None),
+            "feddyn": (92.54, 93.17), "feddc": (93.46, 94.56), "feddisco": (93.32, None), "fedlaw": (92.87, None),
+            "median": (74.59, None), "multi_krum": (77.35, 77.44), "zeno": (87.35, 87.66), "dnc": (88.32, 91.22),
+            "rfa": (89.46, 92.13)}
+T9_METHODS = tuple(PAPER_T9)
+PLUGIN = "+vsa"
+FULL = "__full"  # key suffix of the cells that run the whole horizon (Table 9), apart from Table 3's stopped ones
+
+
 def _rounds_table(text: str, partitions) -> dict:
   """``{method: {(partition, 0|1): #R or None}}`` from the compact listing above."""
   out = {}
@@ -149,7 +164,7 @@ def cell_config(dataset: str, partition: str, method: str, fresh: float, attack:
   config.eval_every = 1
   config.client.epochs = args.epochs or 5
   config.init.pretrain_rounds = args.pretrain
-  config.eval.stop_at = 0.0 if config.get("seeds") else stop_at  # a seeds program runs every round
+  config.eval.stop_at = 0.0 if config.get("seeds") or getattr(args, "mode", "") == "table9" else stop_at
   config.eval.last_rounds = 0
   return fit_krum_to_cohort(config)
 
@@ -206,7 +221,7 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
   for dataset in DATASETS:
     cells = {parse_key(k)[1:3]: v for k, v in results.items()
              if parse_key(k)[0] == dataset and parse_key(k)[1] in partitions and not parse_key(k)[3]
-             and not parse_key(k)[4]}
+             and not parse_key(k)[4] and not k.endswith(FULL)}
     if not cells:
       continue
     targets = next(iter(cells.values()))["targets"]
@@ -322,7 +337,33 @@ def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
   fig.savefig(path.with_suffix(".svg"))
 
 
-TABLES = {"table3": table3, "table4": table4, "table5": table5, "fig3": fig3, "fig5": fig5}
+def _acc(cell) -> str:
+  return "not run" if cell is None else f"{cell['value']:.2f} / {cell['last10']:.2f}"
+
+
+def table9(results: dict) -> str:
+  """Table 9 for every (dataset, partition) with a full-horizon cell, MNIST σ=900 (spec A16) when there is none;
+  a cell not run reads "not run", the plug-in's missing rows "/" as in the paper."""
+  full = {parse_key(k[:-len(FULL)])[:3]: v for k, v in results.items() if k.endswith(FULL)}
+  settings = sorted({(d, p) for d, p, _ in full}, key=str) or [("mnist", "sigma900")]
+  lines = []
+  for dataset, partition in settings:
+    lines += [f"**Table 9 — {dataset} {partition}** (accuracy %, final / mean of the last 10 rounds; the paper's in "
+              "parentheses, setting not stated, spec A16)", "",
+              "| Method | w/o FedVSA | w/ FedVSA |", "|---|---|---|"]
+    for m in T9_METHODS:
+      without, with_vsa = PAPER_T9[m]
+      ours = _acc(full.get((dataset, partition, m)))
+      plugged = "/ (incompatible, spec §3)" if with_vsa is None else (
+          f"{_acc(full.get((dataset, partition, m + PLUGIN)))} ({with_vsa:.2f})")
+      lines.append(f"| {LABELS[m]} | {ours} ({without:.2f}) | {plugged} |")
+    lines.append("")
+  if not full:
+    return "\n".join(lines) + "\nNo Table 9 cell has been run yet.\n"
+  return "\n".join(lines) + "\n" + _reduced_note({k: v for k, v in results.items() if k.endswith(FULL)})
+
+
+TABLES = {"table3": table3, "table4": table4, "table5": table5, "fig3": fig3, "fig5": fig5, "table9": table9}
 
 
 def cells_of(mode: str, datasets, partitions, methods, fresh=(0.1, 0.3, 0.5)):
@@ -333,6 +374,9 @@ def cells_of(mode: str, datasets, partitions, methods, fresh=(0.1, 0.3, 0.5)):
   if mode == "table5":
     return [(d, p, m, a, False) for d in datasets for p, a in T5_SETTINGS if p in partitions and a in fresh
             for m in methods]
+  if mode == "table9":  # each method, and its +vsa partner where the plug-in applies
+    return [(d, p, m + plug, 0.0, False) for d in datasets for p in partitions[:1] for m in methods
+            if m in T9_METHODS for plug in ("", PLUGIN) if not plug or PAPER_T9[m][1] is not None]
   allowed = FIG3_METHODS if mode == "fig3" else ABLATIONS
   return [(d, p, m, 0.0, True) for d in datasets for p in partitions[:1] for m in methods if m in allowed]
 
@@ -358,10 +402,11 @@ def main():
     return
   logging.basicConfig(level=logging.WARNING)
   default_partitions = {"table3": SIGMAS, "table4": DIRS, "table5": ("sigma900", "dir0.1"), "fig3": ("sigma900",),
-                        "fig5": ("sigma900",)}
+                        "fig5": ("sigma900",), "table9": ("sigma900",)}
   methods = [m for m in args.methods.split(",") if m] or list(ABLATIONS if args.mode == "fig5" else METHODS)
   partitions = [p for p in args.partitions.split(",") if p] or list(default_partitions[args.mode])
-  cells = [(cell_key(*c), cell_config(*c, args), make_record(c[0], c[1]))
+  suffix = FULL if args.mode == "table9" else ""
+  cells = [(cell_key(*c) + suffix, cell_config(*c, args), make_record(c[0], c[1]))
            for c in cells_of(args.mode, [d for d in args.datasets.split(",") if d in DATASETS], partitions,
                              [m for m in methods if m in METHODS + ABLATIONS],
                              tuple(float(a) for a in args.fresh.split(",") if a))]

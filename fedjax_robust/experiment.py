@@ -30,6 +30,7 @@ from fedjax_robust import attacks
 from fedjax_robust.adversarial import (adversarial_config, default_robust_eval_config, objective_from_config,
                                        robust_eval_from_config)
 from fedjax_robust.aggregators import aggregator_from_config
+from fedjax_robust.aggregators.weighting import weighting_config
 from fedjax_robust.attacks.client_attacks import client_attack_from_config
 from fedjax_robust.attacks.data_poisoning import backdoor_trigger
 from fedjax_robust.algorithms.base import FedAlgorithm
@@ -99,6 +100,10 @@ def default_config() -> ml_collections.ConfigDict:
       # Where the server's rows come from: train (drawn from the clients' pooled training data, FLTrust) | test
       # (drawn from the global test set: FedVSA's evaluation data for Shapley values, spec §1.6).
       "root_source": "train",
+      # The weights the rule averages its clients with: rule (its own) | samples | uniform | value_sensitive (FedVSA's
+      # softmax of the clients' reported losses: Table 9's plug-in), with value_sensitive's options
+      # (fedjax_robust/aggregators/weighting.py).
+      "weighting": weighting_config(),
   })
   # What each evaluation measures (fedjax_robust/metrics/evaluators.py): auto = accuracy (+ backdoor with one),
   # or a comma-separated list such as "accuracy,backdoor".

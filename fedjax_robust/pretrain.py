@@ -42,8 +42,8 @@ def pretrain_rounds(config) -> int:
 
 
 def pretrain_config(config: ml_collections.ConfigDict, rounds: int) -> ml_collections.ConfigDict:
-  """The plain-FedAvg config of the warm start: ``config`` with the algorithm, server rule and optimizer, objective,
-  attack, sampler and evaluation replaced, ``rounds`` rounds and no pre-training of its own."""
+  """The plain-FedAvg config of the warm start: ``config`` with the algorithm, server rule, weighting and optimizer,
+  objective, attack, sampler and evaluation replaced, ``rounds`` rounds and no pre-training of its own."""
   from fedjax_robust.adversarial import adversarial_config
   c = copy.deepcopy(config)
   with c.unlocked():
@@ -52,6 +52,8 @@ def pretrain_config(config: ml_collections.ConfigDict, rounds: int) -> ml_collec
     c.algorithm.name = "fedavg"
     c.aggregator = ml_collections.ConfigDict({"name": "mean"})
     c.server.optimizer, c.server.lr, c.server.momentum = "sgd", 1.0, 0.0
+    if "weighting" in c.server:
+      c.server.weighting.name = "rule"
     c.adversarial = adversarial_config()
     if "attack" in c:
       c.attack.name = "none"

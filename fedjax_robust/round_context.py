@@ -24,6 +24,10 @@ in ``context.extras``:
   each client model ``[C]`` and of the global model under ``global_server_loss``
   (Zeno++'s scores).
 
+One extra is no need but an upload: ``reported_loss`` [C], the clients' reported inference losses, which
+``server.weighting=value_sensitive`` (``algorithms/reported_loss.py``) moves out of the uploads for the rule's
+client weights (``aggregators/weighting.py``).
+
 Server-held data (FLTrust's root set, FedVSA's validation set) is an argument of
 the jitted round (``Simulator(server_data=...)``), never a constant closed over
 by a compiled function, so it can change between runs (seeds) without a recompile.

@@ -8,6 +8,10 @@ Not a config file to run by itself: ``fedvsa_mnist.py``, ``fedvsa_fmnist.py`` an
   §4.3(b) ``gaussian_std``) | ``dir0.1`` | ``dir0.3`` | ``dir0.5`` (per-class Dirichlet β, exact split, ≥ 10 rows);
 * method: one of :data:`METHODS` (default ``fedvsa``); the baselines' hyperparameters are the starting values of
   spec §3 (the authors' library defaults where known), not tuned (the paper tuned and did not report them);
+  ``<method>+vsa`` (``method`` one of :data:`PLUGIN_METHODS`) is Table 9's plug-in: the method with
+  ``server.weighting.name=value_sensitive`` (its local rule and its rule's selection kept, its client average
+  replaced by FedVSA's mean-clipped softmax of the reported inference losses; ``fedavg+vsa`` is FedVSA's aggregation
+  without detection). FedNova, FedDisco, FedLAW and Median have no such plug-in (spec §3);
 * ``fresh<α>``: data dynamics (Table 5): a share α of the labels is fresh, hidden during the warm start and revealed
   50 rows per client per round from round 1 (spec §4.3(d));
 * ``attack``: one model-replacement adversary (client 0, an IID sample with labels (y+1) mod 10, boosted by γ = 30
@@ -64,6 +68,16 @@ METHODS = {
     "fedvsa_skip_pcl": ("fedvsa", {"repaired_round": "skip", "audit_reference": "per_client_last"}, {}),
 }
 ATTACK_ROUNDS = (10, 25, 50)
+# Table 9: the baselines FedVSA's weighting plugs into, as <method>+vsa (spec §3; the registry refuses the others).
+PLUGIN = "+vsa"
+PLUGIN_METHODS = ("fedavg", "fedprox", "scaffold", "feddyn", "feddc", "multi_krum", "zeno", "dnc", "rfa")
+
+
+def base_method(method: str) -> tuple[str, bool]:
+  """``"scaffold+vsa"`` -> ``("scaffold", True)``; ``"scaffold"`` -> ``("scaffold", False)``."""
+  if method.endswith(PLUGIN):
+    return method[:-len(PLUGIN)], True
+  return method, False
 
 
 def targets(dataset: str, partition: str) -> tuple[float, float]:
@@ -78,7 +92,7 @@ def parse_argument(arg: str) -> tuple[str, str, float, bool]:
   if partition not in PARTITIONS:
     raise ValueError(f"unknown FedVSA partition {partition!r}; choose one of {PARTITIONS}")
   for p in parts[1:]:
-    if p in METHODS:
+    if p in METHODS or (p.endswith(PLUGIN) and base_method(p)[0] in PLUGIN_METHODS):
       method = p
     elif p.startswith("fresh"):
       fresh = float(p[len("fresh"):])
@@ -87,7 +101,8 @@ def parse_argument(arg: str) -> tuple[str, str, float, bool]:
     elif p == "attack":
       attack = True
     else:
-      raise ValueError(f"unknown FedVSA config part {p!r}: a method of {tuple(METHODS)}, fresh<α> or attack")
+      raise ValueError(f"unknown FedVSA config part {p!r}: a method of {tuple(METHODS)} (or <method>{PLUGIN} for "
+                       f"{PLUGIN_METHODS}), fresh<α> or attack")
   return partition, method, fresh, attack
 
 
@@ -117,8 +132,11 @@ def get_config(dataset: str, arg: str = "sigma900"):
   c.client.epochs, c.client.batch_size = 5, 10
   c.server.participation = 0.3
   c.init.pretrain_rounds = 5  # the shared warm start (spec §4.6 [R])
-  algorithm, options, aggregator = METHODS[method]
+  base, plugin = base_method(method)
+  algorithm, options, aggregator = METHODS[base]
   c.algorithm.name = algorithm
+  if plugin:
+    c.server.weighting.name = "value_sensitive"  # FedVSA's defaults: clip at the mean, T = 1, mean CE reported
   for key, value in options.items():
     c.algorithm[algorithm][key] = value
   if aggregator:

@@ -4,7 +4,9 @@
 :class:`Aggregator` objects (``make_aggregator(name, num_clients=None, **params)``
 / ``aggregator_from_config(cfg)``) whose ``aggregate(updates, weights, mask, key,
 context)`` returns an :class:`AggregateResult` (update, per-client weights,
-flagged clients, diagnostics). Conventions (validity, NaN/Inf screening): ``base.py``.
+flagged clients, diagnostics). Conventions (validity, NaN/Inf screening): ``base.py``. ``weighting.py``: the
+run's ``server.weighting`` (samples, uniform, FedVSA's value-sensitive softmax) replaces the client average of the
+rules that declare one (``Aggregator.averaging``: mean, krum, multi_krum, zeno, dnc; weighted rfa).
 
 | name | params (default) | paper-code flags (spec section) |
 |---|---|---|

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 PyTree = Any
 
 HIGHEST = jax.lax.Precision.HIGHEST
+KEPT_MEAN = "kept_mean"  # Aggregator.averaging values (see Aggregator)
+INPUT_WEIGHTS = "input_weights"
 
 
 class AggregateResult(NamedTuple):
@@ -58,6 +60,12 @@ class Aggregator(NamedTuple):
   # What the rule reads from the round context beyond the uploads, computed by the server step on device
   # (fedjax_robust/round_context.py): "reference_update" (FLTrust), "features" (FLARE), "penultimate_weights".
   needs: tuple[str, ...] = ()
+  # How the rule averages the clients, for a client weighting that replaces its weights (server.weighting,
+  # aggregators/weighting.py): KEPT_MEAN (its aggregate is a weighted mean of the raw updates of the clients it
+  # keeps, effective weight > 0: mean, Krum, Multi-Krum, Zeno++, DnC), INPUT_WEIGHTS (its `weights` argument are
+  # its averaging weights: weighted RFA's alphas), or "" (no client average to replace: coordinate-wise rules,
+  # clipping, wrappers).
+  averaging: str = ""
 
   def __call__(self, updates, weights=None, mask=None, key=None, context=None) -> AggregateResult:
     return self.aggregate(updates, weights, mask, key, context)

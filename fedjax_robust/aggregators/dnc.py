@@ -38,7 +38,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.aggregators.base import (HIGHEST, Aggregator, check_int, combine, finish,
+from fedjax_robust.aggregators.base import (HIGHEST, KEPT_MEAN, Aggregator, check_int, combine, finish,
                                             finite_scores, num_coordinates, prepare, rank_of)
 
 
@@ -113,4 +113,4 @@ def make_dnc(num_byzantine: int, c: float = 1.0, niters: int = 1, sub_dim: int =
     diag = {"scores": scores, "selected": good, "num_removed": k, "sub_dim": jnp.asarray(b, jnp.int32)}
     return finish(p, combine(coeffs, p.updates), coeffs, p.valid & ~good, diag)
 
-  return Aggregator("dnc", aggregate)
+  return Aggregator("dnc", aggregate, averaging=KEPT_MEAN)

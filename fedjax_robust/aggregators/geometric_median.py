@@ -24,8 +24,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.aggregators.base import (Aggregator, check_int, check_positive, combine, distances_to, finish,
-                                            normalize, prepare)
+from fedjax_robust.aggregators.base import (INPUT_WEIGHTS, Aggregator, check_int, check_positive, combine,
+                                            distances_to, finish, normalize, prepare)
 
 
 def weiszfeld(updates, alphas: jax.Array, max_iter: int, tol: float, nu: float):
@@ -77,4 +77,4 @@ def make_rfa(max_iter: int = 100, tol: float = 1e-6, smoothing: float = 1e-6, pe
     it = jnp.max(jnp.stack([o[2] for o in outs]))
     return finish(p, agg, b, diagnostics={"iterations": it, "objective": sum(o[3] for o in outs)})
 
-  return Aggregator(name, aggregate)
+  return Aggregator(name, aggregate, averaging=INPUT_WEIGHTS if weighted else "")

@@ -33,8 +33,8 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.aggregators.base import (Aggregator, check_int, combine, finish, finite_scores, num_coordinates,
-                                            pairwise_sq_distances, prepare, rank_of)
+from fedjax_robust.aggregators.base import (KEPT_MEAN, Aggregator, check_int, combine, finish, finite_scores,
+                                            num_coordinates, pairwise_sq_distances, prepare, rank_of)
 from fedjax_robust.aggregators.coordinate import next_value
 from fedjax_robust.aggregators.order import column_tiles, kth_smallest
 
@@ -119,7 +119,7 @@ def make_multi_krum(num_byzantine: int, m: Optional[int] = None, distance: str =
     diag = {"scores": scores, "selected": selected, "condition_ok": p.n > 2 * f + 2}
     return finish(p, combine(coeffs, p.updates), coeffs, p.valid & ~selected, diag)
 
-  return Aggregator(name, aggregate)
+  return Aggregator(name, aggregate, averaging=KEPT_MEAN)
 
 
 def make_krum(num_byzantine: int, distance: str = "squared", count_self: bool = False,

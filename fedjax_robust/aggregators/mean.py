@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.aggregators.base import Aggregator, combine, finish, normalize, prepare
+from fedjax_robust.aggregators.base import KEPT_MEAN, Aggregator, combine, finish, normalize, prepare
 
 PyTree = Any
 
@@ -44,4 +44,4 @@ def make_mean(weighted: bool = True, num_clients=None) -> Aggregator:
     coeffs = normalize(p.weights if weighted else p.valid.astype(jnp.float32))
     return finish(p, combine(coeffs, p.updates), coeffs)
 
-  return Aggregator("mean", aggregate)
+  return Aggregator("mean", aggregate, averaging=KEPT_MEAN)

@@ -34,8 +34,8 @@ from typing import Optional
 
 import jax.numpy as jnp
 
-from fedjax_robust.aggregators.base import (Aggregator, check_int, combine, finish, finite_scores, prepare, rank_of,
-                                            sq_norms)
+from fedjax_robust.aggregators.base import (KEPT_MEAN, Aggregator, check_int, combine, finish, finite_scores, prepare,
+                                            rank_of, sq_norms)
 
 
 def zeno_scores(global_loss, client_losses, sq_norm, rho: float) -> jnp.ndarray:
@@ -73,4 +73,4 @@ def make_zeno(rho: float = 5e-4, b: int = 1, weighted: bool = False,
     diag = {"scores": scores, "selected": selected, "num_kept": jnp.where(p.n > 0, keep, 0)}
     return finish(p, combine(coeffs, p.updates), coeffs, p.valid & ~selected, diag)
 
-  return Aggregator("zeno", aggregate, needs=("server_losses",))
+  return Aggregator("zeno", aggregate, needs=("server_losses",), averaging=KEPT_MEAN)

@@ -6,7 +6,9 @@ Client (Alg. 2). Before training, client ``k`` scores the model it downloaded on
 mode: the *inference loss* ``F_k^t = ℓ(w^t, D_k)`` (``inference_reduction``: ``mean`` [R], ``sum`` = Eq. 1,
 ``sum_batch_means`` = the ICPP code; ``inference_loss``: ``ce``, or ``mse`` / ``l1`` of the softmax against the
 one-hot label, Table 8). Then it trains like FedAvg (plain SGD; ``mu > 0`` adds FedProx's proximal term, the
-"plug-in" row of Table 9) and uploads ``{"delta": w_k^{t+1} − w^t, "loss": F_k^t}``.
+"plug-in" row of Table 9) and uploads ``{"delta": w_k^{t+1} − w^t, "loss": F_k^t}``. Table 9's other rows are
+``server.weighting.name=value_sensitive`` on those methods: the same loss report (``algorithms/reported_loss.py``)
+and the same weights (``aggregators/weighting.py``), without the detection.
 
 Server (Alg. 1 line 7, Eq. 8). Weights are a softmax over the reported losses of the kept clients, after clipping
 them from above at their mean (``clip_mode``: ``mean`` [C], ``median``, ``fixed`` at ``clip_value``, ``none`` =
@@ -59,6 +61,11 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators.base import HIGHEST, finite_rows, zero_rows
+# The weights (§1.4) and the clients' loss report (§1.3) are shared with server.weighting=value_sensitive, the
+# Table 9 plug-in for other algorithms (aggregators/weighting.py, algorithms/reported_loss.py).
+from fedjax_robust.aggregators.weighting import CLIP_MODES, clip_value_of, value_weights  # noqa: F401
+from fedjax_robust.algorithms.reported_loss import (INFERENCE_LOSSES, REDUCTIONS, inference_loss,  # noqa: F401
+                                                    per_sample_loss, reporting_loss)
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.fedavg import ServerState, apply_server_update, make_fedavg, mean_model_state
 from fedjax_robust.client import ClientData, LocalTrainSpec
@@ -69,9 +76,6 @@ from fedjax_robust.round_context import RoundContext
 
 PyTree = Any
 
-INFERENCE_LOSSES = ("ce", "mse", "l1")
-REDUCTIONS = ("mean", "sum", "sum_batch_means")
-CLIP_MODES = ("mean", "median", "fixed", "none")
 DETECTION = ("full", "off", "no_audit", "no_shapley")
 AUDIT_REFERENCES = ("prev_round_max", "running_max_all_history", "per_client_last")
 FLAG_RULES = ("lt0", "le0")
@@ -85,70 +89,7 @@ def _choice(name: str, value: str, allowed) -> str:
   return value
 
 
-# ------------------------------------------------------------------------------------------ client side
-def per_sample_loss(kind: str, logits: jax.Array, y: jax.Array) -> jax.Array:
-  """``[B]`` losses: cross-entropy, or the mean over classes of the squared / absolute difference between the
-  softmax and the one-hot label (PyTorch's ``MSELoss`` / ``L1Loss`` on probabilities, spec §1.3 [R])."""
-  if kind == "ce":
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y)
-  diff = jax.nn.softmax(logits) - jax.nn.one_hot(y, logits.shape[-1], dtype=logits.dtype)
-  return jnp.mean(jnp.square(diff) if kind == "mse" else jnp.abs(diff), axis=-1)
-
-
-def inference_loss(logits_fn, variables: PyTree, data: ClientData, kind: str = "ce", reduction: str = "mean",
-                   batch_size: int = 256, loader_batch: int = 10) -> jax.Array:
-  """``ℓ(w, D_k)`` over the first ``data.n`` rows, in eval mode, batch by batch (spec §1.3, A1).
-
-  ``mean``: per-sample mean; ``sum``: per-sample sum (Eq. 1, ``= n · mean``); ``sum_batch_means``: the sum over
-  consecutive loader batches of ``loader_batch`` rows of each batch's mean (the ICPP code; ``= sum / B`` when
-  ``B`` divides ``n``)."""
-  total = int(data.y.shape[0])
-  b = max(1, min(int(batch_size), total))
-  num = -(-total // b)
-  pad = num * b - total
-  xb = jnp.pad(data.x, [(0, pad)] + [(0, 0)] * (data.x.ndim - 1)).reshape((num, b) + data.x.shape[1:])
-  yb = jnp.pad(data.y, (0, pad)).reshape(num, b)
-  rows = jax.lax.map(lambda a: per_sample_loss(kind, logits_fn(variables, a[0]), a[1]), (xb, yb)).reshape(-1)[:total]
-  idx = jnp.arange(total)
-  n = jnp.asarray(data.n, jnp.int32)
-  rows = jnp.where(idx < n, rows, 0.0)
-  if reduction == "mean":
-    return jnp.sum(rows) / jnp.maximum(n, 1).astype(rows.dtype)
-  if reduction == "sum":
-    return jnp.sum(rows)
-  start = (idx // loader_batch) * loader_batch
-  size = jnp.clip(n - start, 1, loader_batch).astype(rows.dtype)
-  return jnp.sum(rows / size)
-
-
 # ------------------------------------------------------------------------------------------ server side
-def clip_value_of(losses: jax.Array, members: jax.Array, clip_mode: str = "mean", clip_value: float = 0.0):
-  """The upper clip ``c`` of the members' losses (``+inf`` for ``none``)."""
-  if clip_mode == "none":
-    return jnp.asarray(jnp.inf, losses.dtype)
-  if clip_mode == "fixed":
-    return jnp.asarray(clip_value, losses.dtype)
-  count = jnp.maximum(jnp.sum(members), 1).astype(losses.dtype)
-  if clip_mode == "mean":  # Σ F/n, not Σ F / n: a report of 1e38 must not overflow the sum
-    return jnp.sum(jnp.where(members, losses / count, 0.0))
-  return jnp.nanmedian(jnp.where(members, losses, jnp.nan))
-
-
-def value_weights(losses: jax.Array, members: jax.Array, clip_mode: str = "mean", temperature: float = 1.0,
-                  clip_value: float = 0.0) -> jax.Array:
-  """FedVSA's aggregation weights ``p = softmax(min(F, c) / T)`` over ``members`` ([C] bool), 0 elsewhere.
-
-  Max-subtracted, so any finite report (1e30, −1e30) gives finite weights that sum to 1; no members: all 0."""
-  members = jnp.asarray(members, bool)
-  safe = jnp.where(members, losses, 0.0)
-  clipped = jnp.minimum(safe, clip_value_of(safe, members, clip_mode, clip_value))
-  z = jnp.where(members, clipped / temperature, -jnp.inf)
-  top = jnp.max(jnp.where(members, z, -jnp.inf))
-  e = jnp.where(members, jnp.exp(z - jnp.where(jnp.isfinite(top), top, 0.0)), 0.0)
-  total = jnp.sum(e)
-  return jnp.where(total > 0, e / jnp.where(total > 0, total, 1.0), 0.0)
-
-
 def loss_audit(losses: jax.Array, reporting: jax.Array, reference: jax.Array, quorum: float = 0.5,
                has_reference: Optional[jax.Array] = None) -> tuple[jax.Array, jax.Array]:
   """Eq. 12 as spec §1.5 [R] reads it: ``(Dr, exceedances)`` with ``Dr = #{k: F_k > ref_k} ≥ quorum · m``.
@@ -273,16 +214,10 @@ def make_fedvsa(
     return inference_loss(model.logits, payload, data, inference_loss_kind, inference_reduction,
                           inference_batch_size, spec.batch_size)
 
-  def client_update(payload, client_state, data: ClientData, key):
-    out = inner.client_update(payload, client_state, data, key)
-    return out._replace(upload={**out.upload, "loss": report(payload, data)})
-
-  def attacker_update(payload, client_state, data, attack_data, key):
-    # The attacker reports the downloaded model's loss on the data it trains on (honest on poisoned, §2 [R]).
-    out = inner.malicious_update(payload, client_state, data, attack_data, key)
-    return out._replace(upload={**out.upload, "loss": report(payload, attack_data)})
-
-  malicious_update = None if inner.malicious_update is None else attacker_update
+  # Clients upload {"delta", "loss"}; the attacker reports the downloaded model's loss on the data it trains on
+  # (honest on poisoned, §2 [R]).
+  reporting = reporting_loss(inner, report)
+  client_update, malicious_update = reporting.client_update, reporting.malicious_update
 
   def init_server(params, model_state=None):
     server = inner.init_server(params, model_state)

@@ -22,7 +22,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 import optax
 
-from fedjax_robust.aggregators import Aggregator
+from fedjax_robust.aggregators import Aggregator, make_mean
+from fedjax_robust.aggregators.weighting import reweighted, weighting_from_config
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.attacks.requests import request_poisoner
 from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
@@ -30,6 +31,7 @@ from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
 from fedjax_robust.algorithms.fedfomo import make_fedfomo
 from fedjax_robust.algorithms.fedrod import make_fedrod
+from fedjax_robust.algorithms.reported_loss import with_client_weighting
 from fedjax_robust.client import LocalTrainSpec
 from fedjax_robust.hparams import scalar
 from fedjax_robust.models.interface import Model
@@ -102,6 +104,11 @@ class AlgorithmEntry(NamedTuple):
   # Whether the run must give the server step server-held data (context.server_data), from the config: FedVSA's
   # Shapley utility, FedLAW's proxy set. Rules declare theirs through Aggregator.needs.
   server_data: Callable[[Any], bool] = lambda config: False
+  # The global model a client received, from its broadcast payload, when the weights the algorithm averages its
+  # clients with come from the run's rule: then server.weighting may replace them (FedVSA Table 9's plug-in, the
+  # clients reporting this model's loss: algorithms/reported_loss.py). None: the weights are the method itself
+  # (FedNova, FedDisco, FedLAW, FedVSA) or nothing is averaged, and server.weighting is refused.
+  received_model: Optional[Callable[[Any], Any]] = None
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {}
@@ -145,7 +152,16 @@ def build_algorithm(name: str, ctx: BuildContext) -> FedAlgorithm:
   if entry.resets_client_optimizer and ctx.persist:
     raise ValueError(f"algorithm {name!r} resets the client optimizer every round; "
                      "leave client.persist_optimizer_state=False")
-  return entry.build(ctx)
+  weighting = weighting_from_config(ctx.config)
+  if weighting is None:
+    return entry.build(ctx)
+  if entry.received_model is None:
+    raise ValueError(f"server.weighting.name={weighting.name!r} replaces the weights an algorithm averages its "
+                     f"clients with; algorithm {name!r} has none to replace (its weighting is its method, or it "
+                     "averages nothing; FedVSA spec §3: Table 9's plug-in does not apply to FedNova, FedDisco, FedLAW "
+                     f"or Median). It applies to {tuple(n for n, e in ALGORITHMS.items() if e.received_model)}")
+  ctx = ctx._replace(aggregator=reweighted(make_mean() if ctx.aggregator is None else ctx.aggregator, weighting))
+  return with_client_weighting(entry.build(ctx), weighting, ctx.model, entry.received_model, ctx.spec.batch_size)
 
 
 # ------------------------------------------------------------------------------------------ built-ins
@@ -488,3 +504,20 @@ register_algorithm("fedlaw", _build_fedlaw, aggregates=False, supports_client_at
     "server_batch_size": 128,
     "lr_decay_every": 20,  # halve the lr every this many epochs (StepLR); 0 = constant
 })
+
+
+# FedVSA's Table 9 plug-in (server.weighting; spec fedvsa.md §3): the algorithms whose client average comes from the
+# run's rule declare the model their clients received, so another client weighting (value_sensitive: the softmax of
+# the clients' reported losses of it) can replace the rule's weights while their local rule and server state stay.
+# Not FedNova (normalised averaging is its rule), FedDisco (its p_k), FedLAW (learned weights) or FedVSA (its own).
+def _as_received(payload):
+  return payload
+
+
+def _model_field(payload):  # SCAFFOLD and FedDC broadcast {"model", "c"}
+  return payload["model"]
+
+
+for _name, _received in (("fedavg", _as_received), ("fedprox", _as_received), ("fedavg_ft", _as_received),
+                         ("feddyn", _as_received), ("scaffold", _model_field), ("feddc", _model_field)):
+  ALGORITHMS[_name] = ALGORITHMS[_name]._replace(received_model=_received)
