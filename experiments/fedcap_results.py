@@ -116,6 +116,107 @@ def table3_single_seed() -> str:
   return ft.table_from_json(RESULTS / H100_TABLE3) + "\n" + NO_PROVENANCE.format(file=f"`{H100_TABLE3}`") + "\n"
 
 
+# ------------------------------------------------------------------------------------------ orphan check
+ORPHAN = 16  # the benign client the artifact's attacker ids leave without a class peer
+
+
+def _orphan_runs(rounds: int, seed: int = 0) -> dict:
+  """``{benign, artifact?, no_orphan}`` per-client records of one seed at ``rounds`` (seed 0: the 10/50/100-round
+  files; seeds 1-2: the ``*_seeds`` files)."""
+  if seed == 0:
+    return load(f"fedcap_orphans_cpu_r{rounds}.json")
+  return load(f"fedcap_orphans_cpu_r{rounds}_seeds.json")[f"seed{seed}"]
+
+
+def _orphan_values(benign: dict, attacked: dict) -> dict:
+  """FedCAP's metric (fedcap_orphans.fedcap_value) of the benign and the attacked run over the attacked run's
+  benign clients, with and without the orphan, and over all clients for the benign run."""
+  from experiments import fedcap_orphans as fo
+  n = attacked["n_test"]
+  clients = [k for k in range(len(n)) if k not in attacked["malicious"]]
+  without = [k for k in clients if k != ORPHAN]
+  v = lambda run, ids: fo.fedcap_value(run, ids, n)
+  return {"all": v(benign, range(len(n))), "benign": v(benign, clients), "attacked": v(attacked, clients),
+          "benign_wo": v(benign, without), "attacked_wo": v(attacked, without)}
+
+
+def orphans() -> str:
+  """The controlled MR check: the artifact's attackers (client 16 orphaned) against one id moved (no orphan), each
+  compared with the benign run on the same benign clients."""
+  from experiments import fedcap_orphans as fo
+  lines = ["| rounds | attackers | benign run, same clients | MR run | drop | drop without client 16 | "
+           "client 16 benign / MR (personalized; customized) |", "|---|---|---|---|---|---|---|"]
+  for rounds in (10, 50, 100):
+    runs = _orphan_runs(rounds)
+    for name in ("artifact", "no_orphan"):
+      r, b = runs[name], runs["benign"]
+      v = _orphan_values(b, r)
+      who = "client 16 orphaned" if name == "artifact" else "no orphan"
+      c16 = "; ".join(f"{100 * b[m][ORPHAN]:.0f} / {100 * r[m][ORPHAN]:.0f}" for m in ("personalized", "customized"))
+      lines.append(f"| {rounds} | {name} {{{fo.ATTACKER_SETS[name].replace(',', ', ')}}} ({who}) | "
+                   f"{pct(v['benign'])} | {pct(v['attacked'])} | **{v['benign'] - v['attacked']:.2f}** | "
+                   f"{v['benign_wo'] - v['attacked_wo']:.2f} | {c16} |")
+  lines += ["", "Seed 0, 2-core CPU, sequential strategy (`fedcap_orphans_cpu_r10.json`, `_r50.json`, `_r100.json`: "
+            "per-client accuracies of each run); value = FedCAP's metric over the MR run's 14 benign clients."]
+  return "\n".join(lines) + "\n"
+
+
+def orphans_split() -> str:
+  """The Table III MR gap split into averaging (20 vs the same 14 clients), the orphan and the other clients."""
+  lines = ["| rounds | benign, all 20 | MR (14 benign) | gap (table) | averaging: 20 vs the same 14 | orphan (client 16) "
+           "| other 13 clients | no-orphan run: drop, same 14 |", "|---|---|---|---|---|---|---|---|"]
+  for rounds in (50, 100):
+    runs = _orphan_runs(rounds)
+    v, n = _orphan_values(runs["benign"], runs["artifact"]), _orphan_values(runs["benign"], runs["no_orphan"])
+    drop, other = v["benign"] - v["attacked"], v["benign_wo"] - v["attacked_wo"]
+    lines.append(f"| {rounds} | {pct(v['all'])} | {pct(v['attacked'])} | {v['all'] - v['attacked']:.2f} | "
+                 f"{v['all'] - v['benign']:.2f} | {drop - other:.2f} | {other:.2f} | {n['benign'] - n['attacked']:.2f} |")
+  lines += ["", "gap = averaging + orphan + other 13; orphan = the drop on the 14 minus the drop without client 16."]
+  return "\n".join(lines) + "\n"
+
+
+def orphans_seeds(rounds: int) -> str:
+  """The no-orphan pair over three seeds: what MR costs the same 14 benign clients."""
+  import numpy as np
+  lines = ["| seed (model and data) | benign, all 20 | benign run, same 14 | no-orphan MR run | drop | "
+           "drop without client 16 |", "|---|---|---|---|---|---|"]
+  drops, drops_wo, alls = [], [], []
+  for seed in (0, 1, 2):
+    runs = _orphan_runs(rounds, seed)
+    v = _orphan_values(runs["benign"], runs["no_orphan"])
+    drops.append(v["benign"] - v["attacked"])
+    drops_wo.append(v["benign_wo"] - v["attacked_wo"])
+    alls.append(v["all"])
+    lines.append(f"| {seed} | {pct(v['all'])} | {pct(v['benign'])} | {pct(v['attacked'])} | {drops[-1]:.2f} | "
+                 f"{drops_wo[-1]:.2f} |")
+  sd = lambda x: float(np.std(x, ddof=1))
+  lines.append(f"| mean ± sd | {np.mean(alls):.2f} ± {sd(alls):.2f} | | | **{np.mean(drops):.2f} ± {sd(drops):.2f}** | "
+               f"{np.mean(drops_wo):.2f} ± {sd(drops_wo):.2f} |")
+  lines += ["", f"{rounds} rounds, 2-core CPU; sd over the three seeds with ddof 1. Seed 0: "
+            f"`fedcap_orphans_cpu_r{rounds}.json`; seeds 1-2: `fedcap_orphans_cpu_r{rounds}_seeds.json`."]
+  return "\n".join(lines) + "\n"
+
+
+def femnist_lambda() -> str:
+  """FEMNIST stand-in at round 25: personalized accuracy by λ and attack, on the MR run's benign clients."""
+  import numpy as np
+  d = load("fedcap_femnist_lambda_check_cpu.json")
+  n = np.asarray(d["n_test"], float)
+  benign = np.ones(len(n), bool)
+  benign[d["malicious_mr"]] = False
+  acc = lambda cell, model: 100 * float(np.dot(n[benign], np.asarray(cell[f"{model}_client_acc"])[benign]) /
+                                        n[benign].sum())
+  r = d["round25"]
+  lines = ["| round 25, MR's 70 benign clients | personalized, λ = 0.5 | personalized, λ = 0.1 | customized, λ = 0.5 | "
+           "customized, λ = 0.1 |", "|---|---|---|---|---|"]
+  for label, key in (("Benign", "benign"), ("MR", "mr")):
+    lines.append(f"| {label} | " + " | ".join(pct(acc(r[f"{key}_lambda{lam}"], m)) for m in ("personalized", "customized")
+                                             for lam in ("0.5", "0.1")) + " |")
+  lines += ["", "T_norm = 3.0; sample-weighted over MR's benign clients (`fedcap_femnist_lambda_check_cpu.json`, "
+            "whose `commands` and `machine` say how each cell ran)."]
+  return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------------ Table IV
 SOURCE_MARKS = {
     "read_v4": ("†", "④'s customized models: ④ adds personalized models that never feed back into the customized "
@@ -384,6 +485,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "fig8_ipm": fig8_ipm,
     "femnist": femnist,
     "femnist_tnorm": femnist_tnorm,
+    "femnist_lambda": femnist_lambda,
+    "orphans": orphans,
+    "orphans_split": orphans_split,
+    "orphans_seeds_r50": lambda: orphans_seeds(50),
+    "orphans_seeds_r100": lambda: orphans_seeds(100),
 }
 
 

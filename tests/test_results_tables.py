@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCK = re.compile(r"<!-- generated: (.+?) -->\n(.*?)<!-- end generated -->", re.S)
-BLOCKS = [(md.name, cmd, body) for md in sorted((ROOT / "experiments" / "results").glob("*.md"))
-          for cmd, body in BLOCK.findall(md.read_text())]
+# A block may sit indented inside a list item: its lines carry the marker's indentation, which is not the command's.
+BLOCK = re.compile(r"^([ \t]*)<!-- generated: (.+?) -->\n(.*?)^\1<!-- end generated -->", re.S | re.M)
+
+
+def _dedent(body: str, indent: str) -> str:
+  return "".join(line[len(indent):] if line.startswith(indent) else line for line in body.splitlines(keepends=True))
+
+
+BLOCKS = [(md.name, cmd, _dedent(body, indent)) for md in sorted((ROOT / "experiments" / "results").glob("*.md"))
+          for indent, cmd, body in BLOCK.findall(md.read_text())]
 
 
 def test_some_tables_are_generated():
