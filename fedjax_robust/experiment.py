@@ -39,6 +39,7 @@ from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, al
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
+from fedjax_robust.data.augment import augmentation_from_config
 from fedjax_robust.execution import default_strategy_name, is_primary, make_strategy, to_host
 from fedjax_robust.metrics.evaluators import resolve_evaluators
 from fedjax_robust.models import as_model, get_model_from_config, make_model
@@ -426,8 +427,9 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   backend = jax.default_backend()
   conv = _has_conv(params)
   unroll = resolve_unroll(config.engine.unroll, backend, conv)
+  augment = augmentation_from_config(config.data.get("augment", ""), data.feature_shape, norm, stats)  # training only
   spec = LocalTrainSpec(int(config.client.epochs), int(config.client.batch_size), bool(config.client.drop_last),
-                        bool(config.client.shuffle), unroll)
+                        bool(config.client.shuffle), unroll, augment)
   if spec.epochs < 1 or spec.batch_size < 1:
     raise ValueError(f"client.epochs and client.batch_size must be >= 1, got {spec.epochs}, {spec.batch_size}")
   strategy_name = config.engine.strategy

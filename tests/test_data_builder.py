@@ -30,7 +30,8 @@ def test_default_config_fields():
   c = default_data_config()
   assert set(c.keys()) == {"name", "data_dir", "cache_dir", "allow_download", "seed", "num_clients",
                            "pool", "samples_per_class", "pool_size", "max_samples_per_client", "train_ratio",
-                           "client_split", "partition", "dynamics", "normalize"}
+                           "client_split", "partition", "dynamics", "normalize", "normalize_mean", "normalize_std",
+                           "augment"}
   assert c.dynamics.to_dict() == {"fresh_fraction": 0.0, "fresh_delta": 50, "fresh_start_round": 1}  # FedVSA §4.3(d)
   assert set(c.partition.keys()) == {"name", "alpha", "classes_per_client", "min_size", "form",
                                      "balance"}
@@ -43,7 +44,8 @@ def test_config_command_line_overrides():
   from absl import flags
   from ml_collections import config_flags
   argv = ["prog", "--config.normalize=half", "--config.samples_per_class=600",
-          "--config.data_dir=../shared/data", "--config.partition.alpha=0.1"]
+          "--config.data_dir=../shared/data", "--config.partition.alpha=0.1", "--config.augment=flip,crop:4",
+          "--config.normalize_mean=(0.5, 0.4, 0.3)"]
   fv = flags.FlagValues()
   holder = config_flags.DEFINE_config_dict("config", default_data_config(), flag_values=fv,
                                            lock_config=True, sys_argv=argv)
@@ -52,6 +54,7 @@ def test_config_command_line_overrides():
   assert (c.normalize, c.samples_per_class, c.data_dir, c.partition.alpha) == (
       "half", 600, "../shared/data", 0.1)
   assert c.max_samples_per_client is None and c.cache_dir is None
+  assert (c.augment, c.normalize_mean, c.normalize_std) == ("flip,crop:4", (0.5, 0.4, 0.3), None)
 
 
 def test_digits_end_to_end(digits_raw):

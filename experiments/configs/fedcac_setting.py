@@ -18,9 +18,13 @@ What every method shares (spec §1.2, §3.5): all 40 clients every round, 500 ro
 of 100 (shuffled each epoch, the last partial batch kept: 25 steps a round), SGD(0.1, momentum 0.9, no weight
 decay) re-created every round (no optimizer state is carried), identical initial model, cross-entropy. FedCAC's
 τ / β per dataset (§1.2, A8): CIFAR-10 0.5 / 100, CIFAR-100 0.4 / 170, Tiny-ImageNet 0.5 / 170. Models (§3.3):
-ResNet-8 (CIFAR-10), ResNet-10 (CIFAR-100, Tiny-ImageNet). Preprocessing (§3.4): CIFAR-10 raw [0, 1] pixels (no
-normalisation); CIFAR-100 / Tiny-ImageNet normalised by the dataset's mean/std. Not implemented: the reference's
-CIFAR-100 / Tiny-ImageNet training augmentation (flip, ±15° rotation, random crop): the engine has no augmentation.
+ResNet-8 (CIFAR-10), ResNet-10 (CIFAR-100, Tiny-ImageNet). Preprocessing (§3.4, A17; :data:`PREPROCESSING`):
+CIFAR-10 raw [0, 1] pixels, no normalisation, no augmentation; CIFAR-100 and Tiny-ImageNet normalised with the
+code's literal CIFAR-100 statistics (mean (0.507, 0.487, 0.441), std (0.267, 0.256, 0.276), Tiny-ImageNet too) and
+trained with ``data.augment`` (fedjax_robust/data/augment.py, in the compiled round; evaluation un-augmented):
+CIFAR-100 ``flip,rotate:15,crop:4:fill=normalized`` (RandomHorizontalFlip(0.5) -> RandomRotation(±15°, nearest,
+fill 0 in pixels) -> Normalize -> RandomCrop(32, padding 4, zero fill in normalised space)), Tiny-ImageNet
+``flip,rotate:15`` (no crop).
 
 Metric (§3.6, A9): every round each client's accuracy on its own 100 test rows; ``client_acc_mean`` is the uniform
 mean over the 40 clients of each method's evaluated model "after aggregation" (FedCAC: the Eq. 11 model
@@ -40,6 +44,13 @@ DATASETS = {
     "cifar10": ("cifar10", "resnet8", 0.5, 100, False, (0.1, 0.5, 1.0)),
     "cifar100": ("cifar100", "resnet10", 0.4, 170, True, (0.01, 0.1, 0.5)),
     "tiny_imagenet": ("tiny_imagenet", "resnet10", 0.5, 170, True, (0.01, 0.1, 0.5)),
+}
+# §3.4: (data.normalize_mean, data.normalize_std, data.augment) per dataset; None = the registry's statistics.
+CIFAR100_STATS = ((0.507, 0.487, 0.441), (0.267, 0.256, 0.276))
+PREPROCESSING = {
+    "cifar10": (None, None, ""),
+    "cifar100": (*CIFAR100_STATS, "flip,rotate:15,crop:4:fill=normalized"),
+    "tiny_imagenet": (*CIFAR100_STATS, "flip,rotate:15"),
 }
 METHODS = ("fedcac", "fedavg", "local", "fedbn", "fedper", "fedrep", "fedamp", "fedcac_as_critical")
 NUM_CLIENTS, ROUNDS, EPOCHS, BATCH = 40, 500, 5, 100
@@ -78,6 +89,7 @@ def get_config(dataset: str, arg: str = "pathological"):
   c.data.client_split = "per_split"
   c.data.train_ratio = 1.0  # unused by per_split: the client test rows come from the official test split
   c.data.normalize = normalize
+  c.data.normalize_mean, c.data.normalize_std, c.data.augment = PREPROCESSING[dataset]
   if alpha is None:
     c.data.partition.name, c.data.partition.classes_per_client = "pathological_sampled", 2
   else:

@@ -7,8 +7,8 @@ dir<alpha> works); method fedcac (default) | fedavg | local | fedbn | fedper | f
 
 Tiny-ImageNet is not in ../shared/data (no offline copy here): the loader is ready (``data.name=tiny_imagenet``:
 DIR holds a ``tiny-imagenet-200*.tar.gz`` whose val/ is re-organised into val/<wnid>/ class folders, see
-fedjax_robust/data/registry.py), but no cell of it has run. Spec §3.4 normalises Tiny-ImageNet with CIFAR-100's
-statistics; ours uses Tiny-ImageNet's own.
+fedjax_robust/data/registry.py), but no cell of it has run. As spec §3.4, Tiny-ImageNet is normalised with
+CIFAR-100's statistics and trained with flips and ±15° rotations (``data.augment``, fedcac_setting.py).
 """
 
 from fedjax_robust.config_files import sibling

@@ -19,6 +19,10 @@ running statistics), and returns the new model state, which is selected back on
 padded steps like everything else. An optional ``batch_transform`` rewrites the
 inputs before each step with the current model and its own per-step key
 (adversarial training generates PGD examples there).
+
+Augmentation (``LocalTrainSpec.augment``, ``data.augment``; fedjax_robust/data/augment.py): each step's batch
+is augmented first, with a key folded from the step key, so the batch transform (and ``Batch.x_clean``: TRADES'
+clean reference) sees the augmented batch, as an attack on a DataLoader's output would.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ class LocalTrainSpec(NamedTuple):
   drop_last: bool = False  # FedCAP's code drops the last partial batch.
   shuffle: bool = True  # FedCAP's code does not shuffle training loaders.
   unroll: bool | int = 1  # lax.scan unroll; True avoids the XLA:CPU conv-in-loop trap.
+  # (x [B, H, W, C], key) -> x': training-time augmentation of every step's batch (data/augment.py's hashable
+  # Augmentation; None = off). Only local training applies it: evaluation never augments.
+  augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None
 
 
 def steps_per_epoch(n, batch_size: int, drop_last: bool):
@@ -126,6 +133,7 @@ def epoch_permutations(key: jax.Array, n: jax.Array, n_max: int, epochs: int, sh
 
 
 STEP_KEY_STREAM = 0x5EED  # fold_in tag of the per-step keys (the shuffles use ``key`` itself)
+AUGMENT_KEY_STREAM = 0xA6  # fold_in tag of a step's augmentation key (the transform / loss keys stay as they were)
 
 
 def _select(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
@@ -146,9 +154,10 @@ def local_train(
   """Runs ``spec.epochs`` epochs of mini-batch training on one client.
 
   ``key`` draws the epochs' shuffles and, independently, one key per step (by epoch and batch index), split
-  into the batch transform's key and the loss's dropout key. ``model_state`` (e.g. BatchNorm statistics) is
-  threaded through the steps as ``loss_fn`` returns it. ``batch_transform`` rewrites each batch's inputs from
-  the current ``{"params", **model_state}`` before the gradient step (no gradient flows through it).
+  into the batch transform's key and the loss's dropout key (``spec.augment`` folds its own from it).
+  ``model_state`` (e.g. BatchNorm statistics) is threaded through the steps as ``loss_fn`` returns it.
+  ``spec.augment`` augments each batch first; ``batch_transform`` then rewrites its inputs from the current
+  ``{"params", **model_state}`` before the gradient step (no gradient flows through either).
 
   Padded steps (past the client's own ``ceil(n / B)`` per epoch) are exact no-ops for params, optimizer
   state AND model state. Returns :class:`LocalResult` ``(params, opt_state, metrics, model_state)``.
@@ -177,8 +186,11 @@ def local_train(
   def step(carry, inputs):
     p, s, ms, loss_sum = carry
     idx, mask, active, i = inputs
-    transform_key, loss_key = jax.random.split(jax.random.fold_in(jax.random.fold_in(step_root, i[0]), i[1]))
+    step_key = jax.random.fold_in(jax.random.fold_in(step_root, i[0]), i[1])
+    transform_key, loss_key = jax.random.split(step_key)
     x, y = data.x[idx], data.y[idx]
+    if spec.augment is not None:
+      x = spec.augment(x, jax.random.fold_in(step_key, AUGMENT_KEY_STREAM))
     clean = None
     if batch_transform is not None:
       clean, x = x, jax.lax.stop_gradient(batch_transform({"params": jax.lax.stop_gradient(p), **(ms or {})}, x,

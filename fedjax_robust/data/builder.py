@@ -35,6 +35,7 @@ Client indices stored in the result index the pool (for ``'all'``, rows
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from fedjax_robust.data import partition as P
 from fedjax_robust.data import dynamics as D
 from fedjax_robust.data.dynamics import DEFAULTS as DYNAMICS_DEFAULTS
 from fedjax_robust.data.federated import FederatedData, stack_padded
-from fedjax_robust.data.registry import get_spec
+from fedjax_robust.data.registry import DatasetSpec, get_spec
 from fedjax_robust.data.sources import RawDataset, load_raw
 from fedjax_robust.data.transforms import normalization_stats, normalize_images, normalize_mode
 
@@ -68,7 +69,10 @@ def default_data_config() -> ml_collections.ConfigDict:
   rows, pool 'all' only | 'per_split' = the partition drawn again, same seed, on the official test split: FedCAC's
   pathological_sampled / dirichlet_sampled, pool 'train' only), ``normalize`` (True | False | 'half' | 'model':
   pixels stay in [0, 1] and the
-  experiment puts the dataset's mean/std inside the model, for adversarial training), and ``partition``:
+  experiment puts the dataset's mean/std inside the model, for adversarial training), ``normalize_mean`` /
+  ``normalize_std`` (None = the dataset registry's statistics; per-channel tuples override them, e.g. FedCAC's
+  literal CIFAR-100 statistics, also for Tiny-ImageNet: specs/fedcac.md §3.4), ``augment`` (training-time
+  augmentation, ``""`` = none; read by the experiment, not here: fedjax_robust/data/augment.py), and ``partition``:
   ``name`` (iid | shards | pat | dirichlet | dirichlet_client | quantity_skew | sigma |
   natural | group | pathological_sampled | dirichlet_sampled), ``alpha``, ``classes_per_client``
   (also shards per client for 'shards'), ``min_size``, ``form`` (dirichlet: 'per_class'
@@ -112,6 +116,9 @@ def default_data_config() -> ml_collections.ConfigDict:
       "partition": partition,
       "dynamics": ml_collections.ConfigDict(dict(DYNAMICS_DEFAULTS)),
       "normalize": config_dict.FieldReference(True, field_type=object),
+      "normalize_mean": config_dict.placeholder(tuple),
+      "normalize_std": config_dict.placeholder(tuple),
+      "augment": "",
   }, type_safe=False)
 
 
@@ -207,6 +214,21 @@ def _summary(counts: np.ndarray) -> dict:
           "total": int(counts.sum())}
 
 
+def with_statistics(spec: DatasetSpec, mean, std) -> DatasetSpec:
+  """``spec`` with the normalisation statistics ``data.normalize_mean`` / ``normalize_std`` (None keeps the
+  registry's). A paper's code may normalise with rounded literals or another dataset's statistics (FedCAC's
+  Tiny-ImageNet uses CIFAR-100's, specs/fedcac.md §3.4)."""
+  if mean is None and std is None:
+    return spec
+  mean = spec.mean if mean is None else tuple(float(v) for v in mean)
+  std = spec.std if std is None else tuple(float(v) for v in std)
+  channels = spec.image_shape[-1]
+  if len(mean) != channels or len(std) != channels or min(std) <= 0:
+    raise ValueError(f"data.normalize_mean / normalize_std for {spec.name} need {channels} values each (std > 0); "
+                     f"got {mean} / {std}")
+  return dataclasses.replace(spec, mean=mean, std=std)
+
+
 def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedData:
   """Builds the federated dataset described by ``cfg`` (see :func:`default_data_config`).
 
@@ -221,7 +243,7 @@ def build_federated_data(cfg: Any, raw: RawDataset | None = None) -> FederatedDa
   d = default_data_config()
   g = lambda name: _get(cfg, name, d[name])  # noqa: E731
   name, seed, pool = g("name"), int(g("seed")), g("pool")
-  spec = get_spec(name)
+  spec = with_statistics(get_spec(name), g("normalize_mean"), g("normalize_std"))
   mode = normalize_mode(g("normalize"))
   if pool not in POOLS:
     raise ValueError(f"unknown pool {pool!r}; use one of {list(POOLS)}")
