@@ -3,8 +3,9 @@
   python experiments/plot.py runs/quickstart
   python experiments/plot.py runs/fedavg_ipm runs/median_ipm --out runs/compare_ipm --reference "95.1:paper, Table II"
 
-One RUN_DIR: every figure of ``fedjax_robust/plots.py`` (accuracy, loss, partition, detection, weights; PNG and SVG)
-into ``RUN_DIR/plots`` (or ``--out``), what a run writes at its end with ``output.plots=True``. Several: their
+One RUN_DIR: every figure of ``fedjax_robust/plots.py`` (accuracy, loss, partition, detection, weights,
+client_weights; PNG and SVG) into ``RUN_DIR/plots`` (or ``--out``), what a run writes at its end with
+``output.plots=True`` (a seeds/grid run's ``seed_<s>`` directories get theirs this way). Several: their
 accuracy and loss curves overlaid, one colour per run named in the legend (``--names`` to rename them), into
 ``--out`` (default ``compare_<name>_<name>...`` beside the first run); ``--each`` also redraws every run's own
 figures. ``--reference VALUE[:LABEL]`` (repeatable) draws a horizontal line at VALUE % accuracy, e.g. a paper's

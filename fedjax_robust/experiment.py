@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from flax import traverse_util
 
-from fedjax_robust import attacks
+from fedjax_robust import attacks, client_weights
 from fedjax_robust.adversarial import (adversarial_config, default_robust_eval_config, objective_from_config,
                                        robust_eval_from_config)
 from fedjax_robust.aggregators import aggregator_from_config
@@ -516,7 +516,8 @@ def csv_row(record: dict) -> dict:
 
 
 class RunWriter:
-  """Writes the run directory: config.json, partition.json, metrics.jsonl, metrics.csv, summary.json.
+  """Writes the run directory: config.json, partition.json, metrics.jsonl, metrics.csv, summary.json, and
+  client_weights.npz for an algorithm that reports client x client weights (:meth:`log_client_weights`).
 
   ``metrics.jsonl`` holds each round's whole record (per-client vectors included); ``metrics.csv`` one row per round
   with every scalar any round logged (:func:`csv_row`): the header is the union of the rounds' keys, in the order they
@@ -525,14 +526,17 @@ class RunWriter:
   infinities as ``null``); ``metrics.jsonl`` keeps Python's ``NaN`` (each line a record ``json.loads`` reads back,
   which a resumed run does).
 
-  ``records``: per-round records already logged (a resumed run's history), written first.
+  ``records``: per-round records already logged (a resumed run's history), written first. ``weights_through``: the
+  rounds of an existing ``client_weights.npz`` to keep (a resumed run's checkpoint round; 0 deletes an earlier
+  run's file).
   """
 
   LEAD_FIELDS = ("round", "elapsed_s", "train_loss")  # first columns of metrics.csv; the rest in order of appearance
 
-  def __init__(self, run_dir: Path, records: Iterable[dict] = (), tensorboard: bool = False):
+  def __init__(self, run_dir: Path, records: Iterable[dict] = (), tensorboard: bool = False, weights_through: int = 0):
     self.dir = Path(run_dir)
     self.dir.mkdir(parents=True, exist_ok=True)
+    self._weights = client_weights.Log(self.dir / client_weights.FILE, weights_through)
     self._tb = None
     if tensorboard:  # before any file is opened: a missing tensorboardX fails the run at its start, with the fix
       from fedjax_robust.tensorboard_log import ScalarWriter
@@ -573,7 +577,17 @@ class RunWriter:
     if self._tb is not None:
       self._tb.log(record)
 
+  def log_client_weights(self, round_index: int, cohort, matrix) -> None:
+    """Stores a round's ``[C, K]`` client x client weights in ``client_weights.npz``
+    (:mod:`fedjax_robust.client_weights`)."""
+    self._weights.add(round_index, cohort, matrix)
+
+  def flush_client_weights(self) -> None:
+    """Writes the client x client weights not on disk yet (after a checkpoint: a resumed run keeps them)."""
+    self._weights.flush()
+
   def close(self) -> None:
+    self._weights.flush()
     self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
@@ -586,14 +600,20 @@ class SilentRunWriter(RunWriter):
   """What a process other than process 0 of a multi-process run writes: nothing (process 0 writes the run
   directory; every process computes the same records)."""
 
-  def __init__(self, run_dir: Path, records: Iterable[dict] = (), tensorboard: bool = False):
-    del records, tensorboard
+  def __init__(self, run_dir: Path, records: Iterable[dict] = (), tensorboard: bool = False, weights_through: int = 0):
+    del records, tensorboard, weights_through
     self.dir = Path(run_dir)
 
   def write_json(self, name: str, obj) -> None:
     pass
 
   def log_round(self, record: dict) -> None:
+    pass
+
+  def log_client_weights(self, round_index: int, cohort, matrix) -> None:
+    pass
+
+  def flush_client_weights(self) -> None:
     pass
 
   def close(self) -> None:
@@ -619,7 +639,8 @@ def round_record(round_index: int, metrics: dict) -> dict:
   the ids of the clients the aggregator flagged.
 
   Per-client detector inputs are kept so thresholds can be recalibrated offline (FedCAP spec §6 item 13: T_norm =
-  10 assumes the paper's models, data sizes and optimizer).
+  10 assumes the paper's models, data sizes and optimizer). Metrics of two or more dimensions are left out: the
+  client x client ``client_weight_matrix`` goes to ``client_weights.npz`` (:meth:`RunWriter.log_client_weights`).
   """
   record: dict[str, Any] = {"round": round_index}
   for key, value in metrics.items():
@@ -724,7 +745,7 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   # Resumed at its last round, a run has nothing left to run but re-logs that round with an evaluation (below).
   writer_cls = RunWriter if primary else SilentRunWriter
   writer = writer_cls(run_dir, history[:-1] if start == config.rounds else history,
-                      tensorboard=bool(config.output.get("tensorboard", False)))
+                      tensorboard=bool(config.output.get("tensorboard", False)), weights_through=start)
   writer.write_json("config.json", config_json)
   writer.write_json("partition.json", partition_record(exp.data))
   if exp.malicious is not None:
@@ -748,18 +769,24 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
   stopped_at = None
   for t in range(start + 1, config.rounds + 1):
     state, metrics = sim.run_round(state)
-    record = round_record(t, to_host(metrics))
+    if t not in evaluated:  # the client x client weights are stored for evaluated rounds: no transfer otherwise
+      metrics = {k: v for k, v in metrics.items() if k != client_weights.KEY}
+    metrics = to_host(metrics)
+    record = round_record(t, metrics)
     if t in evaluated:
       record.update(sim.evaluate(state))
     record["elapsed_s"] = earlier_s + time.perf_counter() - t0
     if not math.isfinite(record["train_loss"]):
       logger.warning("round %d: train loss is %s", t, record["train_loss"])
     writer.log_round(record)  # logged before the checkpoint: a checkpoint's rounds are always in the metrics
+    if client_weights.KEY in metrics:
+      writer.log_client_weights(t, metrics["cohort"], metrics[client_weights.KEY])
     history.append(record)
     if stop_at and record.get("global_test_acc", -1.0) >= stop_at:
       stopped_at = t
     if config.output.checkpoint_every > 0:
-      checkpointer.save(state, force=t == config.rounds or stopped_at is not None)
+      if checkpointer.save(state, force=t == config.rounds or stopped_at is not None):
+        writer.flush_client_weights()  # what a run resumed from this checkpoint keeps
     if bar is not None:
       bar.update(1)
       postfix = {"loss": f"{record['train_loss']:.3f}"}

@@ -15,14 +15,17 @@ is written as PNG and SVG:
              caught and benign clients hit when the attackers are known), FedVSA's Shapley-flagged uploads and audit
              alarms. Written when the run had attackers or flagged anyone.
   weights    clients x rounds heatmap of each cohort member's aggregation weight (``aggregation_weights`` with
-             ``cohort``); grey where a client was not sampled. Written when the rule logs weights. (A
-             clients x clients figure of FedCAP's customized weights or FedFomo's affinities needs those
-             algorithms to report the matrix in their round metrics; they do not yet, and round records keep
-             scalars and 1-D per-client vectors only.)
+             ``cohort``); grey where a client was not sampled. Written when the rule logs weights.
+  client_weights
+             clients x clients heatmap of the weight of each client's model (column) in each client's model (row):
+             FedCAP's customized weights, FedFomo's first-order weights, FedCAC's collaborator means, FedAMP's
+             attention (``client_weights.npz``, :mod:`fedjax_robust.client_weights`), at the last stored round
+             and averaged over the stored (evaluated) rounds; grey rows: not sampled. Written when the run has
+             that file.
 
 The data preparation (``metric_series``, ``client_spread``, ``partition_matrix``, ``detection_raster``,
-``weight_matrix``) is plain numpy and tested on its own; drawing uses matplotlib's object API on an Agg canvas (no
-pyplot, no global backend change), so it runs headless and inside notebooks alike. Needs matplotlib
+``weight_matrix``, ``client_matrices``) is plain numpy and tested on its own; drawing uses matplotlib's object API
+on an Agg canvas (no pyplot, no global backend change), so it runs headless and inside notebooks alike. Needs matplotlib
 (``pip install -e ".[plots]"``).
 """
 
@@ -31,10 +34,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
+
+from fedjax_robust import client_weights
 
 FORMATS = ("png", "svg")
 
@@ -42,13 +48,15 @@ FORMATS = ("png", "svg")
 # ------------------------------------------------------------------------------------------ reading a run
 @dataclasses.dataclass
 class Run:
-  """What a run directory holds, as read back: per-round records, partition, attackers, config."""
+  """What a run directory holds, as read back: per-round records, partition, attackers, config, and the client x
+  client weights of ``client_weights.npz`` when the algorithm reports them."""
   name: str
   path: Path
   records: list[dict]
   partition: Optional[dict] = None
   malicious: Optional[list[int]] = None  # attacker ids (malicious.json), None without an attack
   config: Optional[dict] = None
+  client_weights: Optional[tuple[np.ndarray, np.ndarray, np.ndarray]] = None  # (round, cohort, matrix), its arrays
 
   @property
   def num_clients(self) -> int:
@@ -77,9 +85,10 @@ def load_run(run_dir: str | Path, name: Optional[str] = None) -> Run:
     raise FileNotFoundError(f"{run_dir} is not a run directory: it has no metrics.jsonl")
   records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
   malicious = _read_json(run_dir / "malicious.json")
+  weights = run_dir / client_weights.FILE
   return Run(name or run_name(run_dir), run_dir, records, _read_json(run_dir / "partition.json"),
              None if malicious is None else [int(i) for i in malicious["malicious_clients"]],
-             _read_json(run_dir / "config.json"))
+             _read_json(run_dir / "config.json"), client_weights.load(weights) if weights.exists() else None)
 
 
 # ------------------------------------------------------------------------------------------ data preparation
@@ -168,6 +177,23 @@ def weight_matrix(records: Sequence[dict], num_clients: int,
       raise ValueError(f"round {r['round']}: {len(r[key])} {key} for a cohort of {len(r['cohort'])}")
     weights[np.asarray(r["cohort"], np.int64), j] = np.asarray(r[key], np.float64)
   return np.asarray([int(r["round"]) for r in rows], np.int64), weights
+
+
+def client_matrices(rounds: np.ndarray, cohorts: np.ndarray, matrices: np.ndarray,
+                    num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+  """``(rounds, stack)``: ``stack`` is ``(num_rounds, num_clients, num_clients)``, receiver x contributor, each
+  stored round's ``[C, K]`` rows at their receivers' ids and NaN rows for clients not sampled that round."""
+  stack = np.stack([client_weights.square(c, m, num_clients) for c, m in zip(cohorts, matrices)]) if len(rounds) \
+      else np.zeros((0, num_clients, num_clients))
+  return np.asarray(rounds, np.int64), stack
+
+
+def mean_over_rounds(stack: np.ndarray) -> np.ndarray:
+  """Each row's mean over the rounds its client was sampled (NaN for a client never sampled)."""
+  sampled = ~np.isnan(stack).all(axis=2, keepdims=True)  # (rounds, clients, 1)
+  count = sampled.sum(axis=0)
+  total = np.where(sampled, stack, 0.0).sum(axis=0)
+  return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
 def has_detection(run: Run) -> bool:
@@ -494,6 +520,58 @@ def plot_weights(run: Run, out_dir: Path, stem: str = "weights", key: str = "agg
   return _save(fig, out_dir, stem)
 
 
+# what a row of the client x client matrix weighs, per algorithm (config algorithm.name); the colorbar's label
+CLIENT_MATRIX_MEANING = {
+    "fedcap": "p_k,i: weight of client i's model in client k's customized model (Eqs. 3-5)",
+    "fedfomo": "w_k,n: weight of client n's model in client k's federated model (diagonal: k's own previous model)",
+    "fedcac": "weight of client j's model in client i's critical parameters (Eq. 10)",
+    "fedamp": "ξ_ij: weight of client j's model in client i's cloud model (attention)",
+}
+
+
+def plot_client_matrix(run: Run, out_dir: Path, stem: str = "client_weights") -> list[Path]:
+  """The client x client weights (rows: receiving clients, columns: contributing clients) of the last stored round
+  and, with several stored rounds, their mean over the rounds each row's client was sampled; grey rows: not sampled.
+  Attackers' ids in red on both axes."""
+  from matplotlib.colors import TwoSlopeNorm
+  from matplotlib.figure import Figure
+  k = run.num_clients
+  rounds, stack = client_matrices(*run.client_weights, num_clients=k)
+  panels = [(stack[-1], f"round {rounds[-1]}")]
+  if len(rounds) > 1:
+    span = f"mean over {len(rounds)} evaluated rounds {rounds[0]}-{rounds[-1]}"
+    panels.append((mean_over_rounds(stack), f"{span}\n(each row over the rounds it was sampled)"))
+  side = min(max(3.2, 1.6 + 0.16 * k), 7.0)
+  fig = Figure(figsize=(side * len(panels) + 1.4, side + 1.4), dpi=150, layout="constrained")
+  axes = fig.subplots(1, len(panels), squeeze=False)[0]
+  finite = np.concatenate([m[np.isfinite(m)] for m, _ in panels])
+  lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+  if lo < 0:  # FedAMP's self weight may be negative: a diverging map, 0 white
+    cmap, norm = _cmap("RdBu_r", bad="#e6e6e6"), TwoSlopeNorm(0.0, lo, max(hi, 1e-12))
+  else:
+    cmap, norm = _cmap("viridis", bad="#e6e6e6"), None
+  for ax, (matrix, title) in zip(axes, panels):
+    im = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, norm=norm, vmin=None if norm else 0.0,
+                   vmax=None if norm else max(hi, 1e-12), interpolation="nearest")
+    if k <= 40:  # thin lines keep the cells apart in small grids
+      ax.set_xticks(np.arange(-0.5, k, 1), minor=True)
+      ax.set_yticks(np.arange(-0.5, k, 1), minor=True)
+      ax.grid(True, which="minor", color="white", lw=0.4)
+      ax.tick_params(which="minor", length=0)
+    _client_ticks(ax, k, run.malicious, "y")
+    _client_ticks(ax, k, run.malicious, "x")
+    ax.set_xlabel("contributing client (column)", fontsize=8)
+    ax.set_title(title, fontsize=8)
+  axes[0].set_ylabel("receiving client (row)" + (", attackers in red" if run.malicious else ""), fontsize=8)
+  algorithm = (run.config or {}).get("algorithm", {}).get("name", "")
+  cb = fig.colorbar(im, ax=list(axes), shrink=0.85)
+  meaning = CLIENT_MATRIX_MEANING.get(algorithm, "weight of the column client's model in the row client's model")
+  cb.set_label(textwrap.fill(meaning, int(12 * side)), fontsize=7)
+  fig.suptitle(f"Client x client weights (row: receiver, column: contributor; grey: not sampled)\n{describe(run)}",
+               fontsize=9)
+  return _save(fig, out_dir, stem)
+
+
 def write_run_plots(run_dir: str | Path, out_dir: Optional[str | Path] = None,
                     references: Sequence[tuple[float, str]] = ()) -> list[Path]:
   """Every figure of one run into ``out_dir`` (default ``<run_dir>/plots``); returns the files written."""
@@ -506,6 +584,8 @@ def write_run_plots(run_dir: str | Path, out_dir: Optional[str | Path] = None,
     paths += plot_detection(run, out)
   if any(isinstance(r.get("aggregation_weights"), list) for r in run.records):
     paths += plot_weights(run, out)
+  if run.client_weights is not None and len(run.client_weights[0]) and run.num_clients:
+    paths += plot_client_matrix(run, out)
   return paths
 
 
@@ -537,5 +617,5 @@ def parse_reference(text: str) -> tuple[float, str]:
 
 
 __all__ = ["Run", "load_run", "metric_series", "client_spread", "partition_matrix", "detection_raster",
-           "weight_matrix", "write_run_plots", "write_comparison_plots", "plot_accuracy", "plot_loss",
-           "plot_partition", "plot_detection", "plot_weights"]
+           "weight_matrix", "client_matrices", "mean_over_rounds", "write_run_plots", "write_comparison_plots",
+           "plot_accuracy", "plot_loss", "plot_partition", "plot_detection", "plot_weights", "plot_client_matrix"]

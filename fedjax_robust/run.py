@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_robust import client_weights
 from fedjax_robust.client import ClientData
 from fedjax_robust.execution import is_traceable
 from fedjax_robust.simulation import RunInputs, SimState, Simulator
@@ -49,6 +50,16 @@ class RunTrace(NamedTuple):
 
   rounds: dict  # every round's metrics, each leaf with a leading [rounds] axis
   evaluations: dict  # the evaluators' raw values, each leaf with a leading [len(eval_rounds)] axis
+  # {client_weight_matrix: [len(eval_rounds), C, K]}, the evaluated rounds' client x client weights ({} without)
+  client_weights: dict = {}
+
+
+def split_client_weights(metrics: dict) -> tuple[dict, dict]:
+  """Scanned rounds' metrics without the ``[length, C, K]`` client x client weights, and ``{key: the last
+  round's [C, K]}`` (``{}`` when the algorithm reports none): a run stores them for its evaluated rounds only
+  (:mod:`fedjax_robust.client_weights`), so the trace carries one matrix per evaluation, not one per round."""
+  rest = {k: v for k, v in metrics.items() if k != client_weights.KEY}
+  return rest, ({client_weights.KEY: metrics[client_weights.KEY][-1]} if client_weights.KEY in metrics else {})
 
 
 def eval_rounds(rounds: int, eval_every: int, last_rounds: int = 0) -> list[int]:
@@ -80,33 +91,36 @@ def make_run(sim: Simulator, rounds: int, eval_every: int, last_rounds: int = 0)
 
   def rounds_then_evaluate(state, inputs: RunInputs, length: int):
     state, metrics = train(state, inputs, length)
-    return state, metrics, sim.evaluation_step(state, inputs)
+    metrics, weights = split_client_weights(metrics)
+    return state, metrics, sim.evaluation_step(state, inputs), weights
 
-  def evaluated_blocks(state, inputs, count: int, length: int, round_parts, eval_parts):
+  def evaluated_blocks(state, inputs, count: int, length: int, round_parts, eval_parts, weight_parts):
     def block(s, _):
-      s, metrics, evaluation = rounds_then_evaluate(s, inputs, length)
-      return s, (metrics, evaluation)
+      s, metrics, evaluation, weights = rounds_then_evaluate(s, inputs, length)
+      return s, (metrics, evaluation, weights)
 
-    state, (metrics, evaluation) = jax.lax.scan(block, state, None, length=count)
+    state, (metrics, evaluation, weights) = jax.lax.scan(block, state, None, length=count)
     round_parts.append(jax.tree.map(lambda a: a.reshape((count * length,) + a.shape[2:]), metrics))
     eval_parts.append(evaluation)
+    weight_parts.append(weights)
     return state
 
   def run(state: SimState, inputs: RunInputs):
-    round_parts, eval_parts = [], []
+    round_parts, eval_parts, weight_parts = [], [], []
     if blocks:
-      state = evaluated_blocks(state, inputs, blocks, eval_every, round_parts, eval_parts)
+      state = evaluated_blocks(state, inputs, blocks, eval_every, round_parts, eval_parts, weight_parts)
     if tail and last_rounds:  # rounds between the last eval_every block and the evaluated last rounds
       state, metrics = train(state, inputs, tail)
-      round_parts.append(metrics)
+      round_parts.append(split_client_weights(metrics)[0])
     elif tail:
-      state, metrics, evaluation = rounds_then_evaluate(state, inputs, tail)
+      state, metrics, evaluation, weights = rounds_then_evaluate(state, inputs, tail)
       round_parts.append(metrics)
       eval_parts.append(jax.tree.map(lambda a: a[None], evaluation))
+      weight_parts.append(jax.tree.map(lambda a: a[None], weights))
     if last_rounds:
-      state = evaluated_blocks(state, inputs, last_rounds, 1, round_parts, eval_parts)
+      state = evaluated_blocks(state, inputs, last_rounds, 1, round_parts, eval_parts, weight_parts)
     concat = lambda parts: jax.tree.map(lambda *a: jnp.concatenate(a), *parts) if len(parts) > 1 else parts[0]
-    return state, RunTrace(concat(round_parts), concat(eval_parts))
+    return state, RunTrace(concat(round_parts), concat(eval_parts), concat(weight_parts))
 
   return run
 
@@ -350,6 +364,9 @@ def _write_lane(run_dir: Path, run_config: dict, exp, lane_trace: RunTrace, roun
     if t in evaluated:
       record.update(exp.simulator.evaluation_record(unstack(lane_trace.evaluations, evaluated.index(t))))
     writer.log_round(record)
+    if t in evaluated and lane_trace.client_weights:
+      matrix = unstack(lane_trace.client_weights, evaluated.index(t))[client_weights.KEY]
+      writer.log_client_weights(t, record["cohort"], matrix)
   final = {k: v for k, v in record.items() if not k.endswith("client_acc")}
   writer.write_json("summary.json", {"final": final, "final_client_acc": record.get("client_acc"),
                                      "rounds": rounds, **extra})

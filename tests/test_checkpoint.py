@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from fedjax_robust import client_weights
 from fedjax_robust.checkpoint import CheckpointError, RunCheckpointer
 from fedjax_robust.experiment import build_experiment, resume_mismatches, run_experiment
 from test_byzantine_e2e import byzantine_config
@@ -51,6 +52,12 @@ def test_extending_a_finished_run_equals_running_it_straight_through(tmp_path, m
   assert [drop_eval(r) for r in got] == want
   assert resumed["final_client_acc"] == whole["final_client_acc"]
   assert len((tmp_path / "resumed" / "metrics.csv").read_text().splitlines()) == 1 + 6
+  if (tmp_path / "straight" / client_weights.FILE).exists():  # FedCAP: the client x client weights of evaluated rounds
+    want_r, want_c, want_m = client_weights.load(tmp_path / "straight" / client_weights.FILE)
+    got_r, got_c, got_m = client_weights.load(tmp_path / "resumed" / client_weights.FILE)
+    assert want_r.tolist() == [2, 4, 6] and got_r.tolist() == [2, 3, 4, 6]  # round 3: the short run's last
+    keep = got_r != 3
+    assert (got_c[keep] == want_c).all() and (got_m[keep] == want_m).all()
 
 
 def test_a_crash_after_the_checkpoint_redoes_the_rounds_logged_after_it(tmp_path):

@@ -234,7 +234,8 @@ def test_fedamp_client_step_by_hand_and_the_server_stores_every_upload():
   x, y, lr, prox = np.array([1.0, 2.0], np.float32), 1, 0.1, 0.25
   d = ClientData(jnp.asarray(x[None]), jnp.asarray([y], jnp.int32), jnp.int32(1))
   spec = LocalTrainSpec(epochs=1, batch_size=1, shuffle=False)
-  payload = ({"prox": jnp.float32(prox)}, {"cloud": ravel_pytree(jax.tree.map(jnp.asarray, u))[0]})
+  payload = ({"prox": jnp.float32(prox)}, {"cloud": ravel_pytree(jax.tree.map(jnp.asarray, u))[0],
+                                           "weights": jnp.array([0.5, 0.5])})  # ξ_i: only reported back
 
   def ce_grad(p):
     z = x @ p["k"] + p["b"]

@@ -44,6 +44,16 @@ are unchanged):
   poisoned customization requests, spec §2.3). The mask is an argument of the
   round, so runs with different attackers share one program.
 
+Client x client weights. An algorithm whose clients' models mix other clients' models (FedCAP's customized
+weights, FedFomo's first-order weights, FedCAC's collaborator means, FedAMP's attention) returns the round's mixing
+weights among its ``server_update`` diagnostics as :data:`CLIENT_WEIGHT_MATRIX`, a ``[C, K]`` array: row ``i`` is
+the round's ``i``-th cohort member (the receiver, in the order of ``cohort``), column ``j`` is client ``j`` (the
+contributor), and the value is the weight of client ``j``'s model in the model receiver ``i`` got this round. One
+name for every algorithm, so the run writes and plots it without knowing which algorithm made it (round records
+keep scalars and 1-D vectors only; the run stores the matrix of its evaluated rounds in ``client_weights.npz``,
+:mod:`fedjax_robust.client_weights`). Each algorithm's docstring says which model a row weighs and what a row of
+zeros means. The matrix must be one the round computes anyway: emitting it costs a ``[C, K]`` output, nothing more.
+
 Model state. With a model that has non-trainable state (BatchNorm's
 ``batch_stats``), the engine calls ``init_server(params, model_state)`` and
 ``init_client(params, model_state)``; algorithms that cannot carry it refuse
@@ -59,6 +69,8 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 
 from fedjax_robust.client import ClientData
+# server_update's diagnostic of the round's client x client mixing weights ([C, K]; module docstring)
+from fedjax_robust.client_weights import KEY as CLIENT_WEIGHT_MATRIX  # noqa: F401
 
 PyTree = Any
 

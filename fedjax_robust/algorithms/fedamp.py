@@ -37,6 +37,11 @@ BatchNorm model state: running statistics belong to the personalized model and n
 server only reads ``model.parameters()``; the client's buffers are its own), so each client trains and is scored
 with its own statistics. There is no global model (``global_params`` is ``None``).
 
+Client x client weights (``client_weight_matrix``, :mod:`fedjax_robust.algorithms.base`): row ``i`` is ``ξ_i``, the
+weights of the stored models in the cloud model ``u_i`` client ``i`` received this round (its own column ``ξ_ii``,
+which may be negative); rows sum to 1. The client hands ``ξ_i`` back with its upload, so the server reports the
+weights it sent without computing the distances a second time.
+
 Partial participation (not in the paper's protocol): the cloud models are built from the latest stored model of
 every client (those never sampled hold ``w^0``); non-participants keep their models.
 """
@@ -50,7 +55,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.base import CLIENT_WEIGHT_MATRIX, ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
 from fedjax_robust.hparams import check, scalar
@@ -150,12 +155,14 @@ def make_fedamp(
     loss_fn = classification_loss(model, anchor=cloud, mu=shared["prox"])
     params, _, metrics, model_state = local_train(loss_fn, client_opt, params, client_opt.init(params), data, key,
                                                   spec, client_state["model_state"])
-    return ClientOutput({"model": ravel_pytree(params)[0]}, {"params": params, "model_state": model_state}, metrics)
+    # ξ_i rides back with the model so the server can report it without recomputing the [C, K, D] distances
+    upload = {"model": ravel_pytree(params)[0], "weights": own["weights"]}
+    return ClientOutput(upload, {"params": params, "model_state": model_state}, metrics)
 
   def server_update(state: FedAMPState, uploads, weights, key, ids, context=None):
     del weights, key, context
     models = state.models.at[ids].set(uploads["model"])
-    return FedAMPState(models, state.round + 1), {}
+    return FedAMPState(models, state.round + 1), {CLIENT_WEIGHT_MATRIX: uploads["weights"]}
 
   def personal_params(payload, client_state, data: ClientData, key):
     del payload, data, key

@@ -52,6 +52,11 @@ simulation the server computes step C6 directly, S7); ``broadcast`` hands each c
 last ``w_i^{t,E}`` (kept in the client state). ``global_params`` is ``w̄`` with the sample-weighted mean of the
 uploaded statistics (used for the global-model metrics only; no client ever loads it).
 
+Client x client weights (``client_weight_matrix``, :mod:`fedjax_robust.algorithms.base`): row ``i`` holds Eq. 10's
+uniform weights ``1/(|C_i| + 1)`` over ``C_i ∪ {i}``, the mix of the cohort's trained models that client ``i``'s
+critical parameters take (every parameter's with ``non_critical="as_critical"``); the non-critical ones take ``w̄``.
+A diagonal of 1 is a client without collaborators.
+
 The upload carries whole models, not the ``delta`` model attacks poison, so the registry refuses a model attack.
 """
 
@@ -63,7 +68,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.base import CLIENT_WEIGHT_MATRIX, ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
 from fedjax_robust.hparams import check
@@ -132,6 +137,12 @@ def server_step(params: PyTree, masks: PyTree, weights: jax.Array, t, beta, mode
   global_state = jax.tree.map(lambda a: a[0], mix_rows(w[None], model_state))
   return ServerStep(new_params, new_state, jax.tree.map(lambda a: a[0], mean), global_state, collab, overlap, sizes,
                     inter, stats)
+
+
+def cohort_columns(mix: jax.Array, ids: jax.Array, num_clients: int) -> jax.Array:
+  """``[C, C]`` weights over the cohort as ``[C, K]`` over client ids (``client_weight_matrix``): column ``ids[j]``
+  holds column ``j``; clients outside the cohort weigh 0."""
+  return jnp.zeros((mix.shape[0], num_clients), mix.dtype).at[:, ids].set(mix)
 
 
 def make_fedcac(
@@ -221,6 +232,7 @@ def make_fedcac(
         "fedcac_overlap_max": step.stats["overlap_max"].astype(jnp.float32),
         "fedcac_collaborators_mean": jnp.mean(jnp.sum(step.collaborators, axis=1).astype(jnp.float32)),
         "fedcac_critical_fraction": jnp.mean(step.sizes.astype(jnp.float32)) / total,
+        CLIENT_WEIGHT_MATRIX: cohort_columns(customization_weights(step.collaborators), ids, num_clients),
     }
     return new_state, diagnostics
 

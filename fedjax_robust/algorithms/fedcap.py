@@ -22,6 +22,12 @@ Spec: ``specs/fedcap.md`` §1 (paper: ``papers/fedcap.txt``, Alg. 1, Eqs. 3-7). 
    becomes this round's unflagged participants, and the global model is their
    sample-weighted recovered models (Eq. 6).
 
+Client x client weights (``client_weight_matrix``, :mod:`fedjax_robust.algorithms.base`): row ``k`` of a round
+holds ``p_{k,·}``, the weights of the pool's recovered models ``w̃_i`` (the previous round's) in the ``ŵ_k`` cohort
+member ``k`` trained from; rows sum to 1. A client outside the pool without request updates is sent the global
+model, which is the pool's Eq. 6 mix (its sample weights); a row of zeros means the pool was empty (round 1, or
+every participant flagged) and ``ŵ_k`` was the global model ``w^0`` or an older one.
+
 Evaluation scores two models per client (``eval_models``): the customized model
 built from the latest pool and the personalized ``v_k``; FedCAP reports the
 better of their benign accuracies (spec §4.4).
@@ -68,7 +74,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.hparams import check, scalar
-from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.base import CLIENT_WEIGHT_MATRIX, ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.ditto import check_pair_forward, ditto_pair_loss
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
@@ -216,18 +222,28 @@ def make_fedcap(
     state = {"v": params} if personalize else {}
     return {**state, "customized": params} if keep_customized else state
 
+  def pool_weights(state: FedCAPState, ids: jax.Array) -> jax.Array:
+    """``p_{k,·}`` [C, K] for clients ``ids`` that are in the pool (self branch); other rows are meaningless."""
+    return customization_weights(state.pool_updates[ids], ids, jnp.ones(ids.shape, bool), state.pool_updates,
+                                 state.pool_valid, alpha, phi)
+
   def pool_customized(state: FedCAPState, ids: jax.Array) -> jax.Array:
     """ŵ for clients ``ids`` that are in the pool (self branch); other rows are meaningless."""
-    w = customization_weights(state.pool_updates[ids], ids, jnp.ones(ids.shape, bool), state.pool_updates,
-                              state.pool_valid, alpha, phi)
-    return aggregate_rows(w, state.pool_models)
+    return aggregate_rows(pool_weights(state, ids), state.pool_models)
 
-  def request_customized(state_like, request: jax.Array) -> jax.Array:
-    """ŵ for one client outside the pool from its request update (no self term); global model if the pool is empty."""
+  def global_weights(state: FedCAPState) -> jax.Array:
+    """[K]: the global model as a mix of the pool (Eq. 6's sample weights, which built it from this very pool);
+    all zero when the pool is empty (the global model is then w^0 or an older one, not the pool's)."""
+    gw = jnp.where(state.pool_valid, state.pool_n, 0.0)
+    return gw / jnp.maximum(jnp.sum(gw), 1e-12)
+
+  def request_customized(state_like, request: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(ŵ, p [K])`` for one client outside the pool from its request update (no self term); the global model
+    and all-zero weights if the pool is empty."""
     pool_updates, pool_models, pool_valid, global_flat = state_like
     w = customization_weights(request[None], jnp.zeros((1,), jnp.int32), jnp.zeros((1,), bool), pool_updates,
                               pool_valid, alpha, phi)
-    return jnp.where(jnp.any(pool_valid), aggregate_rows(w, pool_models)[0], global_flat)
+    return jnp.where(jnp.any(pool_valid), aggregate_rows(w, pool_models)[0], global_flat), w[0]
 
   def broadcast(state: FedCAPState, ids: jax.Array, run_malicious: Optional[jax.Array] = None):
     global_flat, _ = ravel_pytree(state.global_params)
@@ -268,8 +284,8 @@ def make_fedcap(
     request = ravel_pytree(trained.params)[0] - ravel_pytree(reference)[0]
     if poison_requests:
       request = poisoned_request(shared, own, request, jax.random.fold_in(key, 1))
-    from_request = request_customized((shared["pool_updates"], shared["pool_models"], shared["pool_valid"],
-                                       global_flat), request)
+    from_request, _ = request_customized((shared["pool_updates"], shared["pool_models"], shared["pool_valid"],
+                                          global_flat), request)
     return unravel(jnp.where(own["in_pool"], own["customized"], from_request)), request
 
   def client_update(payload, client_state, data: ClientData, key):
@@ -292,10 +308,12 @@ def make_fedcap(
     global_flat, unravel = ravel_pytree(state.global_params)
     deltas = jax.vmap(lambda d: ravel_pytree(d)[0])(uploads["delta"])
     in_pool = state.pool_valid[ids]
-    sent = jnp.where(in_pool[:, None], pool_customized(state, ids), global_flat[None])
+    mixing = pool_weights(state, ids)
+    sent = jnp.where(in_pool[:, None], aggregate_rows(mixing, state.pool_models), global_flat[None])
+    outside = jnp.broadcast_to(global_weights(state), mixing.shape)  # clients outside the pool got w^t
     if request_updates:
-      from_request = jax.vmap(lambda r: request_customized((state.pool_updates, state.pool_models, state.pool_valid,
-                                                            global_flat), r))(uploads["request"])
+      from_request, outside = jax.vmap(lambda r: request_customized(
+          (state.pool_updates, state.pool_models, state.pool_valid, global_flat), r))(uploads["request"])
       sent = jnp.where(in_pool[:, None], sent, from_request)
     recovered = sent + deltas  # w̃_k = ŵ_k + d_k
     if calibrate:
@@ -321,7 +339,8 @@ def make_fedcap(
     new_state = FedCAPState(unravel(new_global), state.global_params, pool_models, pool_updates, pool_valid, pool_n,
                             removed, removed_round, state.round + 1)
     diagnostics = {"flagged": removed[ids], "calibrated_norms": norms, "num_removed": jnp.sum(removed),
-                   "pool_size": jnp.sum(pool_valid)}
+                   "pool_size": jnp.sum(pool_valid),
+                   CLIENT_WEIGHT_MATRIX: jnp.where(in_pool[:, None], mixing, outside)}  # the p_{k,·} of ŵ_k
     return new_state, diagnostics
 
   def personal_params(payload, client_state, data: ClientData, key):

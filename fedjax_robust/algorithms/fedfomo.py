@@ -59,6 +59,11 @@ One round ``t``:
    poisoned update), so a sign flip or a scaling does not compound over the
    server's earlier poisoned records.
 
+Client x client weights (``client_weight_matrix``, :mod:`fedjax_robust.algorithms.base`;
+:func:`round_weights`): row ``k`` holds the round's ``w_n`` of the models client ``k`` received and, on its own
+column, the weight of its own ``θ_old`` (1 if it kept it, else 0); the off-diagonal entries are this round's
+increment of ``P``, so their sum over every round is ``P`` itself.
+
 Evaluation (``eval_models``): ``local`` = ``θ_k`` (primary: ``client_acc_*``)
 and ``received`` = the federated model ``Σ_n w_n θ_n`` the client would build
 from the current pool before training (``received_*``); the FedCAP artifact
@@ -83,7 +88,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.models.interface import as_model, stateless_apply
-from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
+from fedjax_robust.algorithms.base import CLIENT_WEIGHT_MATRIX, ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, tree_sub
 from fedjax_robust.metrics.evaluation import score_models
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
@@ -128,6 +133,16 @@ def fomo_weights(loss_old: jax.Array, losses: jax.Array, distances: jax.Array, v
   pos = jnp.where(usable, jnp.maximum(raw, 0.0), 0.0)
   total = jnp.sum(pos)
   return jnp.where(total > 0, pos / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def round_weights(weights: jax.Array, indices: jax.Array, ids: jax.Array, num_clients: int) -> jax.Array:
+  """The round's ``[C, K]`` client x client weights (``client_weight_matrix``): each cohort member's ``w_n`` at the
+  ids of the models it received, and at its own id the weight of its own ``θ_old`` in ``θ_old + Σ_n w_n (θ_n −
+  θ_old)``: 1 when it kept its model (every ``w_n`` 0), else 0 (the normalised weights sum to 1 and the update is
+  ``Σ_n w_n θ_n``), so every row sums to 1. The off-diagonal part is exactly what the round adds to ``P``."""
+  rows = jnp.arange(ids.shape[0])
+  matrix = jnp.zeros((ids.shape[0], num_clients), weights.dtype).at[rows[:, None], indices].add(weights)
+  return matrix.at[rows, ids].add(jnp.where(jnp.sum(weights, axis=1) > 0, 0.0, 1.0).astype(weights.dtype))
 
 
 def select_models(affinity_row: jax.Array, candidates: jax.Array, num_models: int, epsilon: jax.Array,
@@ -255,7 +270,8 @@ def make_fedfomo(
     affinity = state.affinity.at[ids[:, None], indices].add(w)
     new_state = FedFomoState(models, state.seen.at[ids].set(True), affinity, key, state.round + 1)
     diagnostics = {"models_received": jnp.mean(jnp.sum(valid, axis=1).astype(jnp.float32)),
-                   "kept_own_model": jnp.mean((jnp.sum(w, axis=1) == 0).astype(jnp.float32))}
+                   "kept_own_model": jnp.mean((jnp.sum(w, axis=1) == 0).astype(jnp.float32)),
+                   CLIENT_WEIGHT_MATRIX: round_weights(w, indices, ids, num_clients)}
     return new_state, diagnostics
 
   def personal_params(payload, client_state, data: ClientData, key):
