@@ -24,12 +24,21 @@ NOTEBOOKS = ROOT / "notebooks"
 KERNEL = "fedjax-robust-tests"
 CELL_TIMEOUT_S = 300  # one cell; a whole small run takes ~15-40 s on an idle 2-core CPU
 
-# notebook -> its small settings (Python assignments) and the XLA:CPU host device count of its kernel.
+# notebook -> its small settings (Python assignments), the XLA:CPU host device count of its kernel and the
+# offline dataset copy it reads (its DATA_DIR).
 SMALL = {
     "quickstart.ipynb": dict(devices=1, params={"ROUNDS": 8, "NUM_CLIENTS": 8}),
     # Two host devices: the notebook shards the client axis (engine.strategy=shard_map) as on a TPU's cores.
-    "fedcap_tpu.ipynb": dict(devices=2, params={"ROUNDS": 2, "NUM_CLIENTS": 20, "SAMPLES_PER_CLASS": 60,
-                                                "EPOCHS": 1, "ALLOW_DOWNLOAD": False}),
+    "fedcap_tpu.ipynb": dict(devices=2, data="cifar10_jpeg",
+                             params={"ROUNDS": 2, "NUM_CLIENTS": 20, "SAMPLES_PER_CLASS": 60, "EPOCHS": 1,
+                                     "ALLOW_DOWNLOAD": False}),
+    # Fig. 3's threat in miniature: 6 of 10 clients per round, attack at round 4 of 8, an MLP (LeNet-5 compiles
+    # slowly on the CPU), no warm start and lr 0.05 so that the model has learned something before the attack.
+    "fedvsa_tpu.ipynb": dict(devices=2, data="mnist",
+                             params={"METHODS": ("fedvsa", "fedavg"), "ROUNDS": 8, "ATTACK_ROUNDS": (4,),
+                                     "NUM_CLIENTS": 10, "PARTICIPATION": 0.6, "EPOCHS": 1, "LR": 0.05,
+                                     "PRETRAIN_ROUNDS": 0, "POOL_SIZE": 3000, "MAX_SAMPLES_PER_CLIENT": 300,
+                                     "SHAPLEY_ROWS": 500, "MODEL": "mlp", "ALLOW_DOWNLOAD": False}),
 }
 
 
@@ -141,8 +150,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch, data_cache_dir, shared_data)
     pytest.importorskip("matplotlib", reason="the notebooks draw with matplotlib (the plots extra)")
   small = SMALL[path.name]
   params = dict(small["params"], OUTPUT_DIR=str(tmp_path / "runs"))
-  if path.name == "fedcap_tpu.ipynb":
-    params["DATA_DIR"] = str(shared_data("cifar10_jpeg"))  # fails on CI, skips elsewhere, when it is missing
+  if "data" in small:  # the offline copy in ../shared/data: fails on CI, skips elsewhere, when it is missing
+    params["DATA_DIR"] = str(shared_data(small["data"]))
   monkeypatch.setenv("JUPYTER_PATH", str(write_kernelspec(tmp_path / "jupyter")))
   monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter" / "runtime"))  # connection files
   monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")  # jupyter_core's future default, without its warning
