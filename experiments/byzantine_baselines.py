@@ -66,6 +66,7 @@ def cell_config(args, attack: str, rule: str):
   c.attack.fraction = 0.3
   c.attack.legacy_numpy_selection = True
   c.aggregator = ml_collections.ConfigDict(RULES[rule][1])
+  c.output.reference = f"{paper_value(attack, rule):.2f}:paper, Table I {RULES[rule][0]}"
   return grid.apply_run_args(c, args)
 
 

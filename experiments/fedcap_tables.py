@@ -53,27 +53,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import grid  # noqa: E402
+from experiments.configs.fedcap_paper import (PAPER_ABLATION, PAPER_DETECTION, PAPER_DITTO_AGR,  # noqa: E402,F401
+                                              PAPER_TACC, SCENARIO_LABELS)
 
-SCENARIOS = {"none": "Benign", "label_flip": "LF", "sign_flip": "SF", "scaling": "MR", "lie": "LIE",
-             "min_max": "Min-Max", "min_sum": "Min-Sum", "ipm": "IPM"}
-# specs/fedcap.md §5.2 (Table III; Table I's FedCAP column is the same TAcc), per dataset. LF is in Fig. 7 only.
-PAPER_TACC = {
-    "cifar10": {"Benign": 85.60, "SF": 84.00, "MR": 84.10, "LIE": 84.95, "Min-Max": 84.00, "Min-Sum": 84.38,
-                "IPM": 84.29},
-    "emnist": {"Benign": 86.59, "SF": 85.24, "MR": 85.82, "LIE": 85.16, "Min-Max": 85.39, "Min-Sum": 85.58,
-               "IPM": 85.43},
-    "wisdm": {"Benign": 93.78, "SF": 94.16, "MR": 95.07, "LIE": 94.56, "Min-Max": 94.06, "Min-Sum": 94.26,
-              "IPM": 94.06},
-}
-# DAcc, FPR, FNR (%). EMNIST SF's DAcc 80 is the paper's typo for 94 (FPR 0, FNR 20; spec §6 item 10).
-PAPER_DETECTION = {
-    "cifar10": {"SF": (100, 0, 0), "MR": (100, 0, 0), "LIE": (70, 0, 100), "Min-Max": (100, 0, 0),
-                "Min-Sum": (100, 0, 0), "IPM": (100, 0, 0)},
-    "emnist": {"SF": (94, 0, 20), "MR": (100, 0, 0), "LIE": (81, 0, 63.33), "Min-Max": (93, 0, 23.33),
-               "Min-Sum": (96, 0, 13.33), "IPM": (98, 0, 6.67)},
-    "wisdm": {"SF": (100, 0, 0), "MR": (100, 0, 0), "LIE": (72.22, 0, 100), "Min-Max": (100, 0, 0),
-              "Min-Sum": (100, 0, 0), "IPM": (100, 0, 0)},
-}
+SCENARIOS = SCENARIO_LABELS
 # --dataset of --mode tables -> (config file experiments/configs/fedcap_<dataset>.py, the paper's row it is set
 # against). femnist is the EMNIST setting on the offline LEAF FEMNIST sample (6x less data per client), so its
 # paper values are the EMNIST row's, a loose reference only.
@@ -90,14 +73,6 @@ VARIANTS = {
     "v3": ("③ Cust. Agg. + Calib./Det.", {"calibrate": True, "personalize": False}, ("customized",)),
     "v4": ("④ Cust. Agg. + Pers. Train.", {"calibrate": False, "personalize": True}, ("customized", "personalized")),
     "v5": ("⑤ FedCAP", {"calibrate": True, "personalize": True}, ("customized", "personalized")),
-}
-# specs/fedcap.md §5.4, columns Benign, LIE, Min-Max, Min-Sum, IPM.
-PAPER_ABLATION = {
-    "v1": (83.53, 78.67, 48.76, 56.29, 83.14),
-    "v2": (82.73, 82.10, 79.33, 79.33, 10.95),
-    "v3": (85.07, 84.29, 83.52, 83.81, 83.71),
-    "v4": (83.60, 80.10, 69.81, 70.95, 83.14),
-    "v5": (85.60, 84.95, 84.00, 84.38, 84.29),
 }
 
 # ------------------------------------------------------------------------------------------ Fig. 7 (personalized FL)
@@ -128,15 +103,6 @@ DITTO_AGRS = {
     "ditto_median": ("Ditto+Median", "median"),
     "ditto_trim": ("Ditto+Trim.", "trimmed_mean"),
     "fedcap": ("FedCAP", None),
-}
-# specs/fedcap.md §5.6, CIFAR-10, columns LIE, Min-Max, Min-Sum, IPM: approximate, read from the artifact's CSV of an
-# earlier run (its FedCAP values differ slightly from Table I), so loose targets.
-PAPER_DITTO_AGR = {
-    "ditto": (82.10, 79.33, 79.33, 10.95),
-    "ditto_clustered": (81.43, 80.29, 81.05, 74.10),
-    "ditto_median": (77.71, 75.43, 76.38, 77.52),
-    "ditto_trim": (80.29, 77.43, 78.29, 10.95),
-    "fedcap": (84.29, 84.00, 84.38, 84.29),
 }
 
 DEFAULT_OUT = {"tables": "runs/fedcap_<dataset>", "ablation": "runs/fedcap_ablation",
@@ -172,6 +138,8 @@ def ablation_config(variant: str, scenario: str):
   else:
     f.calibrate, f.personalize = switches["calibrate"], switches["personalize"]
   c.output.name = f"cifar10_ablation_{variant}_{scenario}"
+  c.output.reference = (f"{PAPER_ABLATION[variant][ABLATION_SCENARIOS.index(scenario)]:.2f}:"
+                        f"paper, Table IV {VARIANTS[variant][0]}")
   return c
 
 
@@ -190,6 +158,8 @@ def personalized_config(method: str, scenario: str):
   if method == "local":
     c.attack.name = "none"  # nothing is uploaded, so an upload attack has nothing to act on
   c.output.name = f"cifar10_fig7_{method}_{scenario}"
+  if method != "fedcap":
+    c.output.reference = ""  # Fig. 7 gives no numbers; FedCAP's cell keeps its Table III line
   return c
 
 
@@ -206,6 +176,8 @@ def ditto_agr_config(method: str, scenario: str):
     c.algorithm.name, c.algorithm.ditto.lamda = "ditto", DITTO_AGR_LAMBDA
     c.aggregator = ml_collections.ConfigDict(RULES[rule][1])  # M̂ = int(N p_atk) = 6 where a rule needs it
   c.output.name = f"cifar10_fig8_{method}_{scenario}"
+  c.output.reference = (f"{PAPER_DITTO_AGR[method][DITTO_AGR_SCENARIOS.index(scenario)]:.2f}:"
+                        f"paper, Fig. 8 {DITTO_AGRS[method][0]} (approximate)")
   return c
 
 

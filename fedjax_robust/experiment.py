@@ -170,6 +170,10 @@ def default_config() -> ml_collections.ConfigDict:
       # partition heatmap, detection raster, aggregation weights. Needs matplotlib (the `plots` extra); without it
       # the run logs one line and writes none. experiments/plot.py draws (and compares) run directories later.
       "plots": True,
+      # Accuracy reference lines on those plots, "VALUE[:LABEL]" items separated by ";" (accuracy in %), e.g. the
+      # paper's number for this setting: "85.60:FedCAP paper, Table III". The paper configs set it where the paper
+      # has one number for the run; '' = none.
+      "reference": "",
       # TensorBoard event files of every per-round scalar in <run dir>/tb (tensorboardX, the `tensorboard` extra;
       # no TensorFlow): tensorboard --logdir runs/
       "tensorboard": False,
@@ -711,6 +715,11 @@ def run_experiment(config: ml_collections.ConfigDict, run_dir: str | os.PathLike
     raise ValueError(f"rounds and eval_every must be >= 1, got {config.rounds}, {config.eval_every}")
   if config.output.checkpoint_every < 0:
     raise ValueError(f"output.checkpoint_every must be >= 0, got {config.output.checkpoint_every}")
+  from fedjax_robust.plots import parse_references
+  try:
+    parse_references(config.output.get("reference", ""))
+  except ValueError as e:
+    raise ValueError(f"output.reference: {e}") from None
   from fedjax_robust.run import eval_rounds
   evaluated = set(eval_rounds(int(config.rounds), int(config.eval_every),
                               int(config.get("eval", {}).get("last_rounds", 0))))
@@ -839,8 +848,9 @@ def write_plots(run_dir: Path, compare: Iterable[Path] = ()) -> list[Path]:
     return []
   try:
     compare = list(compare)
-    paths = (plots.write_comparison_plots(compare, run_dir / "plots") if compare
-             else plots.write_run_plots(run_dir))
+    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").exists() else None
+    paths = (plots.write_comparison_plots(compare, run_dir / "plots", references=plots.config_references(config))
+             if compare else plots.write_run_plots(run_dir))
   except Exception as e:  # noqa: BLE001
     logger.warning("output.plots: drawing the plots of %s failed (%s: %s); experiments/plot.py %s retries",
                    run_dir, type(e).__name__, e, run_dir)

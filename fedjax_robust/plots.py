@@ -574,9 +574,13 @@ def plot_client_matrix(run: Run, out_dir: Path, stem: str = "client_weights") ->
 
 def write_run_plots(run_dir: str | Path, out_dir: Optional[str | Path] = None,
                     references: Sequence[tuple[float, str]] = ()) -> list[Path]:
-  """Every figure of one run into ``out_dir`` (default ``<run_dir>/plots``); returns the files written."""
+  """Every figure of one run into ``out_dir`` (default ``<run_dir>/plots``); returns the files written.
+
+  ``references``: horizontal accuracy lines; by default the run's own ``output.reference`` (a paper's number that
+  its config names), so a redraw by ``experiments/plot.py`` shows the same lines as the run's own plots."""
   run = load_run(run_dir)
   out = Path(out_dir) if out_dir is not None else run.path / "plots"
+  references = list(references) or config_references(run.config)
   paths = plot_accuracy([run], out, references=references) + plot_loss([run], out)
   if run.partition:
     paths += plot_partition(run, out)
@@ -613,9 +617,25 @@ def matplotlib_available() -> bool:
 def parse_reference(text: str) -> tuple[float, str]:
   """``"95.1:FedCAP Table II"`` -> ``(95.1, "FedCAP Table II")`` (accuracy in %)."""
   value, _, label = text.partition(":")
-  return float(value), label or "reference"
+  try:
+    number = float(value)
+  except ValueError:
+    raise ValueError(f"a reference is VALUE[:LABEL] with VALUE an accuracy in %, got {text!r}") from None
+  if not math.isfinite(number):
+    raise ValueError(f"a reference accuracy must be finite, got {text!r}")
+  return number, label.strip() or "reference"
+
+
+def parse_references(text: str) -> list[tuple[float, str]]:
+  """``output.reference``: ``"VALUE[:LABEL]"`` items separated by ``;`` ('' = none)."""
+  return [parse_reference(item.strip()) for item in (text or "").split(";") if item.strip()]
+
+
+def config_references(config: Optional[dict]) -> list[tuple[float, str]]:
+  """The reference lines a run's config asks for (``output.reference``; none in configs written before it)."""
+  return parse_references(((config or {}).get("output") or {}).get("reference", ""))
 
 
 __all__ = ["Run", "load_run", "metric_series", "client_spread", "partition_matrix", "detection_raster",
-           "weight_matrix", "client_matrices", "mean_over_rounds", "write_run_plots", "write_comparison_plots",
+           "weight_matrix", "client_matrices", "mean_over_rounds", "parse_references", "config_references", "write_run_plots", "write_comparison_plots",
            "plot_accuracy", "plot_loss", "plot_partition", "plot_detection", "plot_weights", "plot_client_matrix"]

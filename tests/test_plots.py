@@ -182,3 +182,42 @@ def test_series_and_client_spread():
   rounds, mean, lo, hi = plots.client_spread(RECORDS, exclude=[3])
   assert rounds.tolist() == [1, 2]
   assert mean == pytest.approx([0.2, 0.6]) and lo.tolist() == [0.1, 0.5] and hi.tolist() == [0.3, 0.7]
+
+
+def test_output_reference_parses_and_bad_values_are_refused():
+  assert plots.parse_references("") == []
+  assert plots.parse_references("84.29:FedCAP paper, Table III; 90") == [(84.29, "FedCAP paper, Table III"),
+                                                                          (90.0, "reference")]
+  assert plots.config_references({"output": {"reference": "95:target"}}) == [(95.0, "target")]
+  assert plots.config_references({"output": {}}) == [] and plots.config_references(None) == []
+  for bad in ("high:paper", "nan:x", "inf"):
+    with pytest.raises(ValueError, match="reference"):
+      plots.parse_references(bad)
+
+
+@pytest.mark.plots
+def test_a_runs_own_reference_line_is_drawn_and_redrawn(runs, tmp_path, monkeypatch):
+  """``output.reference`` reaches the accuracy plot of the run and of ``experiments/plot.py``'s redraw; an explicit
+  ``--reference`` replaces it."""
+  root, _ = runs
+  config = json.loads((root / "clean" / "config.json").read_text())
+  config["output"]["reference"] = "85.6:paper, Table III"
+  (root / "clean" / "config.json").write_text(json.dumps(config))
+  seen = []
+  real = plots.plot_accuracy
+  monkeypatch.setattr(plots, "plot_accuracy", lambda runs_, out, references=(), **kw: seen.append(list(references))
+                      or real(runs_, out, references=references, **kw))
+  plots.write_run_plots(root / "clean", tmp_path / "own")
+  plots.write_run_plots(root / "clean", tmp_path / "given", references=[(70.0, "mine")])
+  assert seen == [[(85.6, "paper, Table III")], [(70.0, "mine")]]
+
+
+def test_paper_configs_name_the_papers_number():
+  from fedjax_robust.config_files import load_module
+  configs = REPO / "experiments" / "configs"
+  assert load_module(configs / "fedcap_cifar10.py").get_config("ipm").output.reference == \
+      "84.29:FedCAP paper, Table III"
+  assert load_module(configs / "fedcap_cifar10.py").get_config("label_flip").output.reference == ""  # Fig. 7 only
+  assert load_module(configs / "fedvsa_mnist.py").get_config("dir0.5").output.reference.startswith("90:")
+  with pytest.raises(ValueError, match="output.reference"):
+    run_experiment(byzantine_config("mean", "none", rounds=1, **{"output.reference": "x"}), None)

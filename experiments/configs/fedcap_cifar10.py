@@ -39,4 +39,5 @@ def get_config(scenario: str = "none"):
   elif scenario != "none":
     c.attack.name = scenario
   c.output.name = f"cifar10_fedcap_{scenario}"
+  c.output.reference = sibling(__file__, "fedcap_paper").table3_reference("cifar10", scenario)
   return c

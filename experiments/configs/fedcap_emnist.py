@@ -49,4 +49,5 @@ def get_config(scenario: str = "none"):
   c.server.participation = 0.2
   c.algorithm.fedcap.alpha, c.algorithm.fedcap.phi, c.algorithm.fedcap.lamda = HYPERPARAMETERS[scenario]
   c.output.name = f"emnist_fedcap_{scenario}"
+  c.output.reference = sibling(__file__, "fedcap_paper").table3_reference("emnist", scenario)
   return c

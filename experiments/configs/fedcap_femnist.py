@@ -25,4 +25,6 @@ def get_config(scenario: str = "none"):
   c.data.name = "femnist"
   c.data.pool_size = None  # the whole offline sample (18,796), far below the 119,000 EMNIST subset
   c.output.name = f"femnist_fedcap_{scenario}"
+  c.output.reference = sibling(__file__, "fedcap_paper").table3_reference(
+      "emnist", scenario, "FedCAP paper, Table III, EMNIST row (a stand-in: different data)")
   return c
