@@ -167,18 +167,31 @@ class ShardMapStrategy:
     """Every leaf on every device of the mesh: ``NamedSharding(mesh, P())``."""
     return jax.tree.map(lambda a: _put(a, self._replicated), tree)
 
-  def _place_client_leaf(self, a):
-    shape = np.shape(a)
+  def keep_placement(self, server, clients):
+    """Inside the compiled round: the new server state replicated and the new client state sharded exactly as
+    :meth:`place_replicated` / :meth:`place_clients` placed the initial ones.
+
+    Without it XLA keeps whatever layout the round's last op left (a server cache of per-client uploads leaves the
+    ``shard_map`` split over the devices), so round 2's inputs differ in sharding from round 1's and the round is
+    compiled a second time (seen with FedVSA's one-round upload cache)."""
+    constrain = lambda tree, sharding_of: jax.tree.map(
+        lambda a: jax.lax.with_sharding_constraint(a, sharding_of(np.shape(a))), tree)
+    return constrain(server, lambda shape: self._replicated), constrain(clients, self._client_leaf_sharding)
+
+  def _client_leaf_sharding(self, shape) -> NamedSharding:
     if not shape:
-      return _put(a, self._replicated)
+      return self._replicated
     size = shape[0]
     if size % self.num_devices == 0:
-      return _put(a, self._clients_sharding)
+      return self._clients_sharding
     if size not in self._logged_sizes:
       self._logged_sizes.add(size)
       logger.info("place_clients: %d clients do not divide the %d devices of the mesh, so arrays with this "
                   "leading axis stay replicated on every device instead of sharded", size, self.num_devices)
-    return _put(a, self._replicated)
+    return self._replicated
+
+  def _place_client_leaf(self, a):
+    return _put(a, self._client_leaf_sharding(np.shape(a)))
 
 
 def _put(a, sharding: NamedSharding):

@@ -288,6 +288,8 @@ class Simulator:
     server, diagnostics = self.algorithm.server_update(state.server, uploads, prep.weights, prep.server_key, *extra,
                                                        **kwargs)
     clients = _scatter(state.clients, prep.cohort, out.state)
+    if hasattr(self.strategy, "keep_placement"):  # shard_map: leave the round as init placed the state
+      server, clients = self.strategy.keep_placement(server, clients)
     steps = out.metrics["steps"]
     metrics = {
         "train_loss": _step_weighted_mean(out.metrics["loss"], steps),

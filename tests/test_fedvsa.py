@@ -2,6 +2,7 @@
 the model-replacement adversary, and an end-to-end attack-and-recovery run (spec §7)."""
 
 import json
+import logging
 import math
 
 import jax
@@ -441,3 +442,26 @@ def test_vmap_equals_sequential_with_a_shapley_step_every_round():
     np.testing.assert_allclose(ma["shapley_values"], mb["shapley_values"], atol=1e-5)
     assert bool(ma["audit_alarm"]) == bool(mb["audit_alarm"])
   assert bool(la[1]["audit_alarm"])  # no_audit: the Shapley step ran in round 2
+
+
+def test_shard_map_compiles_the_round_once_and_keeps_the_state_placed_as_init(caplog):
+  """FedVSA's server keeps last round's per-client uploads; under ``shard_map`` they used to leave round 1 split
+  over the devices while init had them replicated, so round 2 compiled the round again (~13 s per run in the
+  notebook). The round now leaves the server replicated and the clients sharded, as init placed them."""
+  from fedjax_robust.experiment import build_experiment
+  c = _e2e_config(**{"engine.strategy": "shard_map", "algorithm.fedvsa.detection": "full", "rounds": 3,
+                     "server.cohort_size": 4, "attack.name": "none", "attack.client.name": "none",
+                     "sampler.name": "uniform", "sampler.forced": "", "sampler.exclusive": False,
+                     "server.root_dataset_size": 40})
+  with c.attack.unlocked():
+    c.attack.params = ml_collections.ConfigDict()
+  exp = build_experiment(c)
+  state = exp.init_state()
+  placed = jax.tree.map(lambda a: a.sharding, state)
+  caplog.set_level(logging.WARNING, logger="jax._src.interpreters.pxla")
+  with jax.log_compiles(True):
+    for _ in range(3):
+      state, _ = exp.simulator.run_round(state)
+  assert jax.tree.map(lambda a: a.sharding, state) == placed
+  compiles = [r for r in caplog.records if "Compiling jit(round_step)" in r.getMessage()]
+  assert len(compiles) == 1, [r.getMessage()[:200] for r in compiles]
