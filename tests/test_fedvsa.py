@@ -417,17 +417,22 @@ def test_model_replacement_drop_and_recovery_end_to_end(tmp_path):
   assert avg[8] < acc[8] - 0.3  # FedAvg needs several rounds (Fig. 3)
 
 
+def _no_attack_config(strategy: str, detection: str, root_rows: int):
+  """The end-to-end setting without the adversary: 4 clients a round drawn uniformly."""
+  c = _e2e_config(**{"engine.strategy": strategy, "algorithm.fedvsa.detection": detection, "rounds": 3,
+                     "server.cohort_size": 4, "attack.name": "none", "attack.client.name": "none",
+                     "sampler.name": "uniform", "sampler.forced": "", "sampler.exclusive": False,
+                     "server.root_dataset_size": root_rows})
+  with c.attack.unlocked():
+    c.attack.params = ml_collections.ConfigDict()
+  return c
+
+
 def test_vmap_equals_sequential_with_a_shapley_step_every_round():
   from fedjax_robust.experiment import build_experiment
   results = []
   for strategy in ("vmap", "sequential"):
-    c = _e2e_config(**{"engine.strategy": strategy, "algorithm.fedvsa.detection": "no_audit", "rounds": 2,
-                       "server.cohort_size": 4, "attack.name": "none", "attack.client.name": "none",
-                       "sampler.name": "uniform", "sampler.forced": "", "sampler.exclusive": False,
-                       "server.root_dataset_size": 60})
-    with c.attack.unlocked():
-      c.attack.params = ml_collections.ConfigDict()
-    exp = build_experiment(c)
+    exp = build_experiment(_no_attack_config(strategy, "no_audit", root_rows=60))
     state = exp.init_state()
     logs = []
     for _ in range(2):
@@ -449,13 +454,7 @@ def test_shard_map_compiles_the_round_once_and_keeps_the_state_placed_as_init(ca
   over the devices while init had them replicated, so round 2 compiled the round again (~13 s per run in the
   notebook). The round now leaves the server replicated and the clients sharded, as init placed them."""
   from fedjax_robust.experiment import build_experiment
-  c = _e2e_config(**{"engine.strategy": "shard_map", "algorithm.fedvsa.detection": "full", "rounds": 3,
-                     "server.cohort_size": 4, "attack.name": "none", "attack.client.name": "none",
-                     "sampler.name": "uniform", "sampler.forced": "", "sampler.exclusive": False,
-                     "server.root_dataset_size": 40})
-  with c.attack.unlocked():
-    c.attack.params = ml_collections.ConfigDict()
-  exp = build_experiment(c)
+  exp = build_experiment(_no_attack_config("shard_map", "full", root_rows=40))
   state = exp.init_state()
   placed = jax.tree.map(lambda a: a.sharding, state)
   caplog.set_level(logging.WARNING, logger="jax._src.interpreters.pxla")
