@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments import grid  # noqa: E402
+from experiments import grid, provenance  # noqa: E402
 
 ATTACKS = {"sign_flip": "SF", "scaling": "MR", "lie": "LIE", "min_max": "Min-Max", "min_sum": "Min-Sum", "ipm": "IPM"}
 # M̂ = int(N * 0.3) = 6 expected attackers (spec §3).
@@ -167,34 +167,6 @@ def trajectory_table(results: dict) -> str:
   return "\n".join(out)
 
 
-def provenance_note(results: dict) -> str:
-  """One line: where the file's cells came from, as far as the file says (never filled in from elsewhere)."""
-  cells = [c for k, c in results.items() if not k.startswith("_")]
-  distinct = lambda field: sorted({str(c[field]) for c in cells if c.get(field) is not None})
-  parts = []
-  commits = distinct("commit")
-  if commits:
-    dirty = any(c.get("dirty") for c in cells)
-    parts.append("commit " + ", ".join(c[:12] for c in commits) + (" (with uncommitted changes)" if dirty else ""))
-  devices = distinct("device_kind") or distinct("device")
-  if devices:
-    parts.append("device " + ", ".join(devices))
-  if distinct("jax"):
-    parts.append("jax " + ", ".join(distinct("jax")))
-  commands = distinct("command") or ([results["_command"]] if "_command" in results else [])
-  if len(commands) == 1:
-    parts.append(f"command `{commands[0]}`")
-  elif commands:
-    parts.append(f"{len(commands)} commands, e.g. `{commands[0]}`")
-  if "_machine" in results:
-    parts.append(f"machine: {results['_machine']}")
-  if not parts:
-    return ("provenance: not recorded in this file (stored before results carried config/commit/command); "
-            "command and device as stated above")
-  missing = "" if commits else "; commit not recorded"
-  return "provenance: " + "; ".join(parts) + missing
-
-
 TABLES = ("ours", "diff", "global", "trajectory")
 
 
@@ -209,7 +181,7 @@ def render(results: dict, table: str, attacks=None, rules=None) -> str:
     rules = rules or [r for r in RULES if any(r == k[-1] for k in keys)]
     rules = sorted(rules, key=lambda r: PAPER_RULES.index(PAPER_COLUMN.get(r, r)))  # a variant beside its column
     body = markdown_table(results, attacks, rules, table) + "\n"
-  return body + provenance_note(results) + "\n"
+  return body + provenance.note(results) + "\n"
 
 if __name__ == "__main__":
   main()

@@ -28,18 +28,22 @@ sys.path.insert(0, str(ROOT))
 
 from experiments import byzantine_baselines as byz  # noqa: E402
 from experiments import fedcap_tables as ft  # noqa: E402
+from experiments import provenance  # noqa: E402
 from experiments.configs import fedcap_cifar10  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 H100_TABLE3 = "fedcap_cifar10_h100.json"
 ABLATION = "fedcap_ablation_cpu.json"
-NO_PROVENANCE = ("provenance: {file} records no config, commit or command (stored before results carried them); "
-                 "the command and device are the ones stated on this page.")
 
 
 @lru_cache(maxsize=None)
 def load(name: str) -> dict:
   return json.loads((RESULTS / name).read_text())
+
+
+def sources(*files: str) -> list[str]:
+  """A provenance line per stored file a table reads (``experiments/provenance.py``)."""
+  return [f"`{f}` {provenance.note(load(f))}" for f in files]
 
 
 def pct(value: Optional[float]) -> str:
@@ -108,12 +112,12 @@ def vs_baselines() -> str:
                  f"({paper_best}) |")
   lines += ["", "Ours: one seed, 100 rounds, H100 (`" + H100_TABLE3 + "`, `byzantine_baselines_h100.json`); "
             "baselines' value = max(global, locally updated) benign accuracy. Paper: Tables I and III "
-            "(specs/fedcap.md §5.1-5.2).", "", NO_PROVENANCE.format(file="Either file")]
+            "(specs/fedcap.md §5.1-5.2).", ""] + sources(H100_TABLE3, "byzantine_baselines_h100.json")
   return "\n".join(lines) + "\n"
 
 
 def table3_single_seed() -> str:
-  return ft.table_from_json(RESULTS / H100_TABLE3) + "\n" + NO_PROVENANCE.format(file=f"`{H100_TABLE3}`") + "\n"
+  return ft.table_from_json(RESULTS / H100_TABLE3) + "\n" + sources(H100_TABLE3)[0] + "\n"
 
 
 # ------------------------------------------------------------------------------------------ orphan check
@@ -157,7 +161,8 @@ def orphans() -> str:
                    f"{pct(v['benign'])} | {pct(v['attacked'])} | **{v['benign'] - v['attacked']:.2f}** | "
                    f"{v['benign_wo'] - v['attacked_wo']:.2f} | {c16} |")
   lines += ["", "Seed 0, 2-core CPU, sequential strategy (`fedcap_orphans_cpu_r10.json`, `_r50.json`, `_r100.json`: "
-            "per-client accuracies of each run); value = FedCAP's metric over the MR run's 14 benign clients."]
+            "per-client accuracies of each run); value = FedCAP's metric over the MR run's 14 benign clients.", ""]
+  lines += sources(*(f"fedcap_orphans_cpu_r{r}.json" for r in (10, 50, 100)))
   return "\n".join(lines) + "\n"
 
 
@@ -171,7 +176,8 @@ def orphans_split() -> str:
     drop, other = v["benign"] - v["attacked"], v["benign_wo"] - v["attacked_wo"]
     lines.append(f"| {rounds} | {pct(v['all'])} | {pct(v['attacked'])} | {v['all'] - v['attacked']:.2f} | "
                  f"{v['all'] - v['benign']:.2f} | {drop - other:.2f} | {other:.2f} | {n['benign'] - n['attacked']:.2f} |")
-  lines += ["", "gap = averaging + orphan + other 13; orphan = the drop on the 14 minus the drop without client 16."]
+  lines += ["", "gap = averaging + orphan + other 13; orphan = the drop on the 14 minus the drop without client 16.",
+            ""] + sources("fedcap_orphans_cpu_r50.json", "fedcap_orphans_cpu_r100.json")
   return "\n".join(lines) + "\n"
 
 
@@ -193,7 +199,8 @@ def orphans_seeds(rounds: int) -> str:
   lines.append(f"| mean ± sd | {np.mean(alls):.2f} ± {sd(alls):.2f} | | | **{np.mean(drops):.2f} ± {sd(drops):.2f}** | "
                f"{np.mean(drops_wo):.2f} ± {sd(drops_wo):.2f} |")
   lines += ["", f"{rounds} rounds, 2-core CPU; sd over the three seeds with ddof 1. Seed 0: "
-            f"`fedcap_orphans_cpu_r{rounds}.json`; seeds 1-2: `fedcap_orphans_cpu_r{rounds}_seeds.json`."]
+            f"`fedcap_orphans_cpu_r{rounds}.json`; seeds 1-2: `fedcap_orphans_cpu_r{rounds}_seeds.json`.", ""]
+  lines += sources(f"fedcap_orphans_cpu_r{rounds}.json", f"fedcap_orphans_cpu_r{rounds}_seeds.json")
   return "\n".join(lines) + "\n"
 
 
@@ -213,7 +220,7 @@ def femnist_lambda() -> str:
     lines.append(f"| {label} | " + " | ".join(pct(acc(r[f"{key}_lambda{lam}"], m)) for m in ("personalized", "customized")
                                              for lam in ("0.5", "0.1")) + " |")
   lines += ["", "T_norm = 3.0; sample-weighted over MR's benign clients (`fedcap_femnist_lambda_check_cpu.json`, "
-            "whose `commands` and `machine` say how each cell ran)."]
+            "whose `commands` and `machine` say how each cell ran).", ""] + sources("fedcap_femnist_lambda_check_cpu.json")
   return "\n".join(lines) + "\n"
 
 
@@ -281,19 +288,19 @@ def ablation() -> str:
   scenarios = ft.ABLATION_SCENARIOS
   lines = ["| Variant | " + " | ".join(f"{ft.SCENARIOS[s]} ours / paper" for s in scenarios) + " |",
            "|" + "---|" * (len(scenarios) + 1)]
-  sources, own = set(), 0
+  used, own = set(), 0
   for variant, label in ABLATION_LABELS.items():
     cells = []
     for scenario, theirs in zip(scenarios, ft.PAPER_ABLATION[variant]):
       found = ablation_cell(variant, scenario, 100)
       if found:
-        sources.add(found[1])
+        used.add(found[1])
         own += not found[1]
       cells.append(f"{_marked(found)} / {theirs:.2f}")
     lines.append(f"| {label} | " + " | ".join(cells) + " |")
   lines += ["", f"{own} of {len(scenarios) * len(ABLATION_LABELS)} cells are runs of their own (100 rounds x E = 5, "
             f"one seed, 2-core CPU, `{ABLATION}`, each with its command); the others:", ""]
-  lines += _footnotes(sources)
+  lines += _footnotes(used) + [""] + sources(ABLATION, H100_TABLE3, "fedcap_fig8_cpu_r10.json")
   return "\n".join(lines) + "\n"
 
 
@@ -313,10 +320,10 @@ def ablation_column(scenario: str) -> str:
   header = (["rounds"] + [ABLATION_LABELS[v] for v in variants] + [f"{label(a)} - {label(b)}" for a, b in gaps] +
             ["attackers removed (③)"])
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  sources = set()
+  used = set()
   for rounds in _row_rounds(scenario):
     found = {v: ablation_cell(v, scenario, rounds) for v in variants}
-    sources |= {f[1] for f in found.values() if f}
+    used |= {f[1] for f in found.values() if f}
     value = lambda v: found[v][0]["value"] if found[v] else None
     v3 = found.get("v3")
     row = ([str(rounds)] + [_marked(found[v], detail=True) for v in variants] +
@@ -329,8 +336,10 @@ def ablation_column(scenario: str) -> str:
   lines += ["", f"{ft.SCENARIOS[scenario]}, (alpha, phi, lambda) = (10, 0.3, 0.1), one seed; own runs: 2-core CPU, "
             f"`{ABLATION}`. In parentheses: the variant's other models (Ditto's global model; ④/⑤'s customized "
             "or personalized models)."]
-  notes = _footnotes(sources - {""})
-  return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+  notes = _footnotes(used - {""})
+  files = [ABLATION] + [{"table3": H100_TABLE3, "fig8_r10": "fedcap_fig8_cpu_r10.json"}[k] for k in
+                        ("table3", "fig8_r10") if k in used]
+  return "\n".join(lines + ([""] + notes if notes else []) + [""] + sources(*files)) + "\n"
 
 
 # ------------------------------------------------------------------------------------------ Fig. 7
@@ -356,7 +365,7 @@ def fig7_sf_r10() -> str:
   if fixed:
     lines += ["", "\\* rerun after a baseline fix; before it: " + ", ".join(
         f"{ft.METHODS[m][0]} {pct(runs[f'{m}__sign_flip__before_fix']['value'])}" for m in fixed) + "."]
-  return "\n".join(lines) + "\n" + NO_PROVENANCE.format(file="`fedcap_fig7_cpu_r10.json`").join(["\n", "\n"])
+  return "\n".join(lines + [""] + sources("fedcap_fig7_cpu_r10.json")) + "\n"
 
 
 def _fig7_rows(runs: dict, scenario: str, fedcap: dict) -> list[str]:
@@ -387,7 +396,8 @@ def fig7_column(scenario: str, file: str) -> str:
   lines += _fig7_rows(load(file), scenario, fedcap)
   lines += ["", f"{ft.SCENARIOS[scenario]}, one seed, sequential strategy on the 2-core CPU shared with other runs "
             f"(`{file}`, each cell with its command); FedCAP: its Table III run (`{H100_TABLE3}`, the artifact's "
-            "per-scenario (alpha, phi, lambda)). Wall times on a shared CPU are not speeds."]
+            "per-scenario (alpha, phi, lambda)). Wall times on a shared CPU are not speeds.", ""] + sources(
+                file, H100_TABLE3)
   return "\n".join(lines) + "\n"
 
 
@@ -412,7 +422,8 @@ def fig8_ipm() -> str:
       f"{ft.PAPER_DITTO_AGR[m][ft.DITTO_AGR_SCENARIOS.index('ipm')]:.2f}" for m in methods) + " |")
   lines += ["", "One seed, 2-core CPU, sequential strategy (`fedcap_fig8_cpu_r10.json`, `fedcap_fig8_trim_cpu_r30.json`,"
             " `fedcap_fig8_ipm_cpu_r100.json`). ‡ FedCAP's Table III IPM run (H100, `" + H100_TABLE3 + "`). Paper: "
-            "approximate values from the artifact's CSV (specs/fedcap.md §5.6)."]
+            "approximate values from the artifact's CSV (specs/fedcap.md §5.6).", ""] + sources(
+                "fedcap_fig8_cpu_r10.json", "fedcap_fig8_trim_cpu_r30.json", "fedcap_fig8_ipm_cpu_r100.json", H100_TABLE3)
   return "\n".join(lines) + "\n"
 
 
@@ -440,8 +451,8 @@ def femnist() -> str:
     lines.append(f"| {name} | {pct(r['value'])} / {pct(paper)} | {pct(r['customized'])} | {pct(r['personalized'])} "
                  f"| {pct(r['global'])} | " + " | ".join(det) + f" | {minutes(r['wall_s'])} |")
   lines += ["", "100 rounds x E = 5, one seed (`fedcap_femnist_cpu.json`; its `note` says which runs shared the CPU). "
-            "Detection over all 100 clients; in parentheses where the paper has no number (LF).", "",
-            NO_PROVENANCE.format(file="`fedcap_femnist_cpu.json`")]
+            "Detection over all 100 clients; in parentheses where the paper has no number (LF).", ""] + sources(
+                "fedcap_femnist_cpu.json")
   return "\n".join(lines) + "\n"
 
 
@@ -466,7 +477,8 @@ def femnist_tnorm() -> str:
                    f"{'–' if scenario == 'none' else gap(benign, r['value'])} | {det} | {paper if t == 10 else ''} |")
   lines += ["", "The drop is against the Benign run over all 100 clients; the attacked runs score their 70 benign "
             "clients, so it mixes the attack's cost with the change of client set. (`fedcap_femnist_cpu.json`, "
-            "`fedcap_femnist_tnorm3_cpu.json`; the latter's `note` holds the command.)"]
+            "`fedcap_femnist_tnorm3_cpu.json`; the latter's `note` holds the command.)", ""] + sources(
+                "fedcap_femnist_cpu.json", "fedcap_femnist_tnorm3_cpu.json")
   return "\n".join(lines) + "\n"
 
 
