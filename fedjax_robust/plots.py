@@ -328,9 +328,11 @@ def plot_accuracy(runs: Sequence[Run], out_dir: Path, stem: str = "accuracy",
   fig, ax = _figure()
   bands = len(runs) <= 3 if bands is None else bands
   handles, drawn = _curves(ax, runs, ACCURACY_CURVES, 100.0, bands)
-  for value, label in references:
-    ax.axhline(value, color="black", lw=1, ls=(0, (4, 2)))
-    handles.append(Line2D([], [], color="black", lw=1, ls=(0, (4, 2)), label=f"reference: {label} ({value:g}%)"))
+  dashes = ((0, (4, 2)), (0, (1, 1.5)), (0, (6, 2, 1, 2)))  # one pattern per reference line, so each is legible
+  for i, (value, label) in enumerate(references):
+    style = dict(color="black", lw=1, ls=dashes[i % len(dashes)])
+    ax.axhline(value, **style)
+    handles.append(Line2D([], [], **style, label=f"reference: {label} ({value:g}%)"))
   if "global_test_acc" not in drawn and "client_acc_mean" not in drawn:
     ax.text(0.5, 0.5, "no evaluated round in metrics.jsonl", ha="center", va="center", transform=ax.transAxes)
   ax.set_ylabel("accuracy (%)")
