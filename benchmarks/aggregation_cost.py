@@ -176,6 +176,8 @@ def main(argv=None) -> None:
     else:
       print(f"| {r['kind']} | {r['name']} | {r['compile_s']:.2f} | {r['ms_per_call']:.2f} |")
   if args.out:
+    from experiments.grid import provenance
+    result.update({k: v for k, v in provenance().items() if k in ("commit", "dirty", "device_kind")})
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
 

@@ -790,6 +790,8 @@ def main(argv=None) -> None:
   elif prof:
     print(f"\nprofile: {prof.get('error')}")
   if args.out:
+    from experiments.grid import provenance
+    result["machine"].update({k: v for k, v in provenance().items() if k in ("commit", "dirty", "device_kind")})
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1, default=str)
 

@@ -586,6 +586,8 @@ def main(argv=None) -> None:
   print("\n" + "\n\n".join(markdown(r, args.slow_cap) for r in results))
   print(f"\ntotal {machine['total_wall_s']:.0f} s; load average start {load}, end {machine['loadavg_end']}")
   if args.out:
+    from experiments.grid import provenance
+    machine.update({k: v for k, v in provenance().items() if k in ("commit", "dirty", "device_kind")})
     with open(args.out, "w") as f:
       json.dump({"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "trap_child"},
                  "results": results}, f, indent=1)

@@ -594,6 +594,8 @@ def main(argv=None) -> dict:
             "analytic_flops": flops, "peaks_tflops_fp32_tf32": peaks, "check": check, "rows": rows,
             "traces": traces, "table": "\n".join(lines)}
   if args.out:
+    from experiments.grid import provenance
+    result["machine"].update({k: v for k, v in provenance().items() if k in ("commit", "dirty")})
     with open(args.out, "w") as f:
       json.dump(result, f, indent=1)
   return result
