@@ -9,6 +9,34 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 
+# --- one directory for the whole test session: XLA compilation cache, decoded datasets (issue 28) ----------------
+# Most of the suite's time is XLA:CPU compiling small programs, and many are compiled again by other processes or
+# other tests: the same eager ops and RNG kernels in each xdist worker and in every CLI / notebook subprocess, the
+# same round programs rebuilt by tests that build equal simulators. JAX's persistent cache (an entry is keyed by
+# the program, the jaxlib version, XLA flags, compile options and devices) hands such a compile the executable the
+# first one wrote. The directory is fresh for each session: made by the first process (the xdist controller, or the
+# only process), inherited by the workers and subprocesses through the environment, deleted at the end, so no run
+# reads another run's (or another commit's) entries and a fresh-clone CI run times what every run gets. Set
+# JAX_COMPILATION_CACHE_DIR yourself to use a directory of yours (kept, thresholds left to you), or to "" for none.
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_SESSION_DIR_ENV = "FEDJAX_ROBUST_TEST_SESSION_DIR"
+_OWN_SESSION_DIR = None
+if _SESSION_DIR_ENV not in os.environ:
+  _OWN_SESSION_DIR = tempfile.mkdtemp(prefix="fedjax_robust_tests_")
+  os.environ[_SESSION_DIR_ENV] = _OWN_SESSION_DIR
+  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_OWN_SESSION_DIR, "xla_cache")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the default (1 s) would skip most programs
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"  # no size floor
+
+
+def pytest_unconfigure(config):
+  if _OWN_SESSION_DIR is not None:
+    shutil.rmtree(_OWN_SESSION_DIR, ignore_errors=True)
+
+
 # --- data: the offline dataset copies (../shared/data) --------------------------------
 # Rule for tests that need the real files: when they are missing, fail on CI (env CI
 # set: the copies must be provisioned there) and skip elsewhere.
@@ -37,9 +65,12 @@ def require_shared_data(*relpaths: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def data_cache_dir(tmp_path_factory) -> Path:
-  """A session-wide dataset cache, so each real dataset is decoded once per test run."""
-  return tmp_path_factory.mktemp("fedjax_robust_cache")
+def data_cache_dir() -> Path:
+  """A session-wide dataset cache, so each real dataset is decoded once per test run: one for all the session's
+  processes (entries are written to a temporary name and renamed: fedjax_robust/data/cache.py)."""
+  path = Path(os.environ[_SESSION_DIR_ENV]) / "datasets"
+  path.mkdir(parents=True, exist_ok=True)
+  return path
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +88,24 @@ def fast_compiles():
   jax.config.update("jax_disable_most_optimizations", True)
   yield
   jax.config.update("jax_disable_most_optimizations", old)
+
+
+@pytest.fixture(autouse=True)
+def _fast_compiles_marker(request):
+  """``@pytest.mark.fast_compiles``: the same for one test. For in-process tests that compare no numbers between
+  two computations (a run learns, flags its attackers, writes its files, builds its config) and whose programs
+  compile longer than they run (an unoptimized CNN on real images runs several times slower: keep those off).
+  Equality tests stay optimized: the vmapped bn_cnn drifts ~1e-2 from the sequential loop without optimizations."""
+  if request.node.get_closest_marker("fast_compiles") is None:
+    yield
+    return
+  import jax
+  old = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_disable_most_optimizations", old)
 
 
 # --- end-of-run plots -------------------------------------------------------------------

@@ -8,6 +8,8 @@ import pytest
 
 from fedjax_robust.experiment import build_experiment, default_config, run_experiment
 
+pytestmark = pytest.mark.fast_compiles  # tests/conftest.py: behaviour of digits MLP runs, no numbers compared
+
 
 def byzantine_config(aggregator="mean", attack="none", rounds=12, **extra):
   c = default_config()

@@ -193,6 +193,7 @@ def test_the_whole_run_program_carries_the_evaluated_rounds_matrices(rounds, eva
 
 
 # ------------------------------------------------------------------------------------------------------ a run
+@pytest.mark.fast_compiles  # tests/conftest.py
 @pytest.mark.plots
 def test_a_fedcap_run_stores_the_evaluated_rounds_and_draws_the_heatmap(tmp_path):
   """digits, 10 clients, 7 per round, 3 rounds evaluated every 2: client_weights.npz holds rounds 2 and 3 with

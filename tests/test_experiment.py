@@ -77,6 +77,7 @@ def test_every_algorithm_is_covered_here():
                              "scaffold", "feddyn", "fednova", "feddc", "fedvsa"}
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 @pytest.mark.parametrize("algorithm", ["fedprox", "fedavg_ft", "local", "fedcap", "ditto", "fedrod", "fedfomo"])
 def test_every_algorithm_runs_from_config(tmp_path, algorithm):
   summary = run_experiment(digits_config(rounds=3, **{"algorithm.name": algorithm}), tmp_path / algorithm)
@@ -208,6 +209,7 @@ def test_fedcap_wisdm_config_builds_on_a_synthetic_raw_file(tmp_path):
   assert np.allclose(exp.data.x_train[5, 0, 0, :, 2], 0.6)  # user 6: raw z = 0.6, no normalisation
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 @pytest.mark.parametrize("name", sorted(REAL_DATA_CONFIGS))
 def test_real_data_configs_build_on_the_shared_copies(name, shared_data, data_cache_dir):
   root = shared_data(REAL_DATA_CONFIGS[name])
@@ -247,6 +249,7 @@ def test_real_data_configs_build_on_the_shared_copies(name, shared_data, data_ca
     assert 0.25 < np.mean(digits > 0.5) < 0.45  # about a third of the clients are digit clients (80% dominant)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_mnist_config_runs_a_round(shared_data, data_cache_dir, tmp_path):
   c = load_config("mnist_fedavg")
   c.data.data_dir = str(shared_data("mnist"))

@@ -42,6 +42,7 @@ def adversarial_digits(**overrides):
   return c
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_fedalc_trains_and_reports_robust_accuracy_in_the_last_rounds(tmp_path):
   """6 rounds of FedALC on digits (ε = 0.1): natural accuracy 0.955 here (PGD 0.795); 0.6 leaves room for numerics while a
   broken objective (e.g. training on garbage inputs) stays far below. Robust accuracies are at most natural."""
@@ -66,6 +67,7 @@ def test_eval_rounds_with_a_last_window():
     eval_rounds(5, 1, 6)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_seeds_program_evaluates_the_same_rounds(tmp_path):
   c = adversarial_digits(**{"rounds": 4, "eval_every": 2, "eval.last_rounds": 1, "seeds": "0,1",
                             "eval.robust.attacks": "pgd", "adversarial.objective": "pgd_at"})

@@ -396,6 +396,7 @@ def test_invalid_hyperparameters_raise():
 
 
 # ----------------------------------------------------------------------------------------- end to end
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_fedcap_removes_model_replacement_attackers_and_keeps_benign_accuracy(tmp_path):
   """digits, 10 clients (Dirichlet 0.3), 3 MR attackers (x10 uploads), FedCAP defaults but φ = 0.3 (the CIFAR-10
   cells' self-weight), 8 rounds.

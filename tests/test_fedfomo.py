@@ -249,6 +249,7 @@ def test_invalid_hyperparameters_and_aggregator_raise():
 
 
 # ----------------------------------------------------------------------------------------- end to end
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_fedfomo_personalizes_on_label_skewed_digits(tmp_path):
   """3 rounds of FedFomo (defaults: O = 5 of 10, ε = 0.3) on 2-class digits clients.
 

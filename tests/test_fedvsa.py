@@ -397,6 +397,7 @@ def _records(run_dir):
   return [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_model_replacement_drop_and_recovery_end_to_end(tmp_path):
   """Spec §7 item 24 on the embedded digits (12 clients, 6 per round, an MLP): the adversary, forced in at round 7
   only, trains on flipped labels and boosts by 30; FedVSA's audit fires at round 8 (and never before), Shapley

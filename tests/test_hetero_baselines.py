@@ -336,6 +336,7 @@ def test_registry_options_and_refusals():
 
 
 # ------------------------------------------------------------------------------------------------------ end to end
+@pytest.mark.fast_compiles  # tests/conftest.py
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_learns_on_non_iid_digits(tmp_path, name):
   """3 rounds on Dirichlet(0.5) digits, 10 clients, all of them every round (the partial-participation state

@@ -219,6 +219,7 @@ def test_setting_names_the_plug_in_and_table9_reads_only_full_horizon_cells():
   assert "| SCAFFOLD | not run (92.55) | 90.00 / 89.50 (93.44) |" in table and "20 clients" in table
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_scaffold_plus_vsa_runs_from_config(tmp_path):
   """Two rounds of SCAFFOLD with FedVSA's weighting on digits (5 of 10 clients a round): the clients' reports and
   the weights are logged, the highest report has the (clipped, shared) top weight. This seed measures 0.33 global
