@@ -392,6 +392,7 @@ def breakdown(torch, model, tmodel, params, data, batch: int, steps: int, iters:
   import jax.numpy as jnp
   from jax import lax
   from fedjax_robust.client.local_sgd import masked_cross_entropy
+  from fedjax_robust.compilation import jit as engine_jit  # the engine's XLA options (Eigen convs on CPU)
   if torch_threads:
     torch.set_num_threads(torch_threads)
   x = np.asarray(data.x_train[0, :batch])
@@ -412,14 +413,14 @@ def breakdown(torch, model, tmodel, params, data, batch: int, steps: int, iters:
   g1 = jnp.ones((batch, 28, 28, 32), jnp.float32)
   g2 = jnp.ones((batch, 10, 10, 64), jnp.float32)
   gp = jnp.ones((batch, 14, 14, 32), jnp.float32)
-  c1f, c2f = jax.jit(conv), jax.jit(conv)
-  c1w = jax.jit(lambda a, k, g: jax.vjp(lambda kk: conv(a, kk), k)[1](g)[0])  # weight grad only (input = data)
-  c2b = jax.jit(lambda a, k, g: jax.vjp(conv, a, k)[1](g))  # input and weight grads
-  pfb = jax.jit(lambda a, g: jax.vjp(pool, a)[1](g)[0])
+  c1f, c2f = engine_jit(conv), engine_jit(conv)
+  c1w = engine_jit(lambda a, k, g: jax.vjp(lambda kk: conv(a, kk), k)[1](g)[0])  # weight grad only (input = data)
+  c2b = engine_jit(lambda a, k, g: jax.vjp(conv, a, k)[1](g))  # input and weight grads
+  pfb = engine_jit(lambda a, g: jax.vjp(pool, a)[1](g)[0])
   apply_fn = variant_apply(model, "model")
   loss = lambda f: (lambda p, xb, yb: masked_cross_entropy(f(p, xb), yb, jnp.ones(yb.shape[0])))
-  fwd = jax.jit(apply_fn)
-  fb = jax.jit(jax.value_and_grad(loss(apply_fn)))
+  fwd = engine_jit(apply_fn)
+  fb = engine_jit(jax.value_and_grad(loss(apply_fn)))
   jt = {
       "conv1 forward": _timeit(lambda: c1f(xj, k1), iters, sj),
       "conv1 backward (weight grad)": _timeit(lambda: c1w(xj, k1, g1), iters, sj),
@@ -440,7 +441,7 @@ def breakdown(torch, model, tmodel, params, data, batch: int, steps: int, iters:
         return jax.tree.map(lambda w, d: w - 0.005 * d, q, g), None
       return lax.scan(body, p, (xb, yb), unroll=True)[0]
 
-    f = jax.jit(local).lower(params, xsj, ysj).compile()
+    f = engine_jit(local).lower(params, xsj, ysj).compile()
     client[v] = _timeit(lambda f=f: f(params, xsj, ysj), max(iters // 5, 5), sj) / steps
   # --- PyTorch
   F = torch.nn.functional
@@ -524,6 +525,7 @@ def profile_steps(model, params, data, wl, variant: str, steps: int, clients: in
   import jax.numpy as jnp
   import optax
   from fedjax_robust.client.local_sgd import masked_cross_entropy
+  from fedjax_robust.compilation import jit as engine_jit
   apply_fn = variant_apply(model, variant)
   opt = optax.sgd(wl.lr)
 
@@ -539,7 +541,7 @@ def profile_steps(model, params, data, wl, variant: str, steps: int, clients: in
   batches = [(jnp.asarray(data.x_train[k, i * b:(i + 1) * b]), jnp.asarray(data.y_train[k, i * b:(i + 1) * b]))
              for k in range(clients) for i in range(steps)]
   s0 = opt.init(params)
-  compiled = jax.jit(profiled_sgd_step).lower(params, s0, *batches[0]).compile()
+  compiled = engine_jit(profiled_sgd_step).lower(params, s0, *batches[0]).compile()
   meta, comp_op, comp = {}, {}, None  # HLO instruction -> (shape, JAX op name); computation -> first op name
   for line in compiled.as_text().splitlines():
     c = re.match(r"(?:ENTRY )?%([\w.\-]+) .*\{$", line)

@@ -53,6 +53,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from fedjax_robust.compilation import jit
+
 logger = logging.getLogger("fedjax_robust.execution")
 
 STRATEGIES = ("vmap", "shard_map", "sequential")
@@ -223,7 +225,7 @@ class SequentialStrategy:
   def map(self, fn: Callable, in_axes: Sequence[int | None], *args):
     jitted = self._compiled.get(id(fn))
     if jitted is None:
-      jitted = self._compiled[id(fn)] = jax.jit(fn)
+      jitted = self._compiled[id(fn)] = jit(fn)
     size = _leading_size(in_axes, args)
     outs = []
     for i in range(size):

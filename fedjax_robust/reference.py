@@ -18,6 +18,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 
 from fedjax_robust.client import LocalTrainSpec, epoch_permutations, masked_cross_entropy, steps_per_epoch
+from fedjax_robust.compilation import jit
 from fedjax_robust.models.interface import as_model, stateless_apply
 from fedjax_robust.simulation import round_keys, sample_cohort
 
@@ -55,7 +56,7 @@ class ReferenceFedAvg:
         loss += 0.5 * mu * _squared_distance(params, anchor)
       return loss
 
-    @jax.jit
+    @jit
     def sgd_step(params, opt_state, anchor, x, y):
       loss, grads = jax.value_and_grad(loss_fn)(params, anchor, x, y)
       updates, opt_state = client_opt.update(grads, opt_state, params)
@@ -117,7 +118,7 @@ class ReferenceFedCAP:
       return ce(v, x, y) + 0.5 * lamda * _squared_distance(v, anchor)
 
     def make_step(loss_fn):
-      @jax.jit
+      @jit
       def step(params, opt_state, *args):
         grads = jax.grad(loss_fn)(params, *args)
         updates, opt_state = client_opt.update(grads, opt_state, params)

@@ -37,6 +37,7 @@ import numpy as np
 
 from fedjax_robust import client_weights
 from fedjax_robust.client import ClientData
+from fedjax_robust.compilation import jit
 from fedjax_robust.execution import is_traceable
 from fedjax_robust.simulation import RunInputs, SimState, Simulator
 
@@ -293,7 +294,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   logger.info("seeds %s x %d grid points: one program, %d rounds each, on %s", seeds, max(len(points), 1), rounds,
               jax.devices())
   t0 = time.perf_counter()
-  compiled = jax.jit(program).lower(states, inputs).compile()
+  compiled = jit(program).lower(states, inputs).compile()
   compile_s = time.perf_counter() - t0
   t1 = time.perf_counter()
   final_states, trace = compiled(states, inputs)

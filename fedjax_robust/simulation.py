@@ -27,6 +27,7 @@ import numpy as np
 
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import ClientData
+from fedjax_robust.compilation import jit
 from fedjax_robust.data.dynamics import TrainSchedule, revealed_counts
 from fedjax_robust.execution import VmapStrategy, is_traceable, to_host
 from fedjax_robust.metrics import count_correct
@@ -309,9 +310,9 @@ class Simulator:
 
   def _build(self):
     if is_traceable(self.strategy):
-      self._round = jax.jit(self.round_step)
+      self._round = jit(self.round_step)
     else:
-      prepare, finish = jax.jit(self._prepare), jax.jit(self._finish)
+      prepare, finish = jit(self._prepare), jit(self._finish)
 
       def round_fn(state, inputs: RunInputs):
         prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious)
@@ -319,13 +320,13 @@ class Simulator:
 
       self._round = round_fn
     self._eval_clients = self._build_client_eval()
-    self._eval_global = jax.jit(functools.partial(count_correct, self.apply_fn, batch_size=self.eval_batch_size))
+    self._eval_global = jit(functools.partial(count_correct, self.apply_fn, batch_size=self.eval_batch_size))
 
     def backdoor_metrics(params, x, target):
       logits = jax.lax.map(lambda xb: self.apply_fn(params, xb[None])[0], x, batch_size=self.eval_batch_size)
       return (attack_success_rate(jnp.argmax(logits, -1), target), backdoor_confidence(logits, target))
 
-    self._eval_backdoor = jax.jit(backdoor_metrics)
+    self._eval_backdoor = jit(backdoor_metrics)
 
     # The global model on every client's test split: one model, K datasets (the many-model kernel with the
     # model broadcast; a plain vmap over data, no grouped conv).
@@ -335,8 +336,8 @@ class Simulator:
                                                     batch_size=self.eval_batch_size))(test.x, test.y, test.n)
       return scores.correct[:, 0], scores.count[:, 0]
 
-    self._eval_global_on_clients = jax.jit(global_on_clients)
-    self._evaluate_raw = jax.jit(self.evaluation_step) if is_traceable(self.strategy) else self.evaluation_step
+    self._eval_global_on_clients = jit(global_on_clients)
+    self._evaluate_raw = jit(self.evaluation_step) if is_traceable(self.strategy) else self.evaluation_step
 
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what

@@ -1,0 +1,99 @@
+"""XLA compiler options for the engine's programs: ``jit`` is ``jax.jit`` with them.
+
+Why (issue 28 §8, CPU speed against PyTorch): jaxlib 0.10's XLA:CPU hands every convolution to YNNPACK by default.
+For the small convolutions of federated models (batch 10, 3-64 channels, 5x5 kernels) its kernels are much slower
+than XLA's own Eigen ones: FedCAP's CIFAR-10 FedAvgCNN step at B = 10 runs conv1's forward ~3x slower, and a whole
+FedAvg round of 20 clients went from 0.82x PyTorch's speed to 1.09x under ``shard_map`` (0.49x -> 0.74x for the
+one-client-at-a-time ``sequential`` loop) when the convolutions moved to Eigen (``benchmarks/README.md`` §3). So on
+the CPU the engine compiles its programs with ``individual_convolution`` removed from the YNNPACK fusion types
+(what ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=-individual_convolution`` does: matrix products and
+reductions stay in YNNPACK, convolutions use Eigen; checked on the compiled HLO). Other backends get no options.
+
+The options are per program (``jax.jit(..., compiler_options=...)``), not a process-wide ``XLA_FLAGS``: code of
+yours around the simulator compiles as XLA decides. ``FEDJAX_ROBUST_CPU_CONV=ynnpack`` restores XLA's default for
+the engine too (``eigen``, the default, is the choice above). A jaxlib that does not know the option (it is
+"experimental") is detected once, logged, and gets no options.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Callable
+
+import jax
+
+logger = logging.getLogger(__name__)
+
+CPU_CONV_ENV = "FEDJAX_ROBUST_CPU_CONV"
+_CPU_CONV_OPTIONS = {
+    # jaxlib 0.10's default list is INDIVIDUAL_DOT, REDUCE, INDIVIDUAL_CONVOLUTION; per-program options take the
+    # full list (the flag's "-individual_convolution" form is only parsed in XLA_FLAGS).
+    "eigen": {"xla_cpu_experimental_ynn_fusion_type":
+              "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_REDUCE"},
+    "ynnpack": {},
+}
+
+
+def cpu_conv_choice() -> str:
+  """``eigen`` (default) or ``ynnpack``, from the environment variable ``FEDJAX_ROBUST_CPU_CONV``."""
+  value = os.environ.get(CPU_CONV_ENV, "eigen").strip().lower() or "eigen"
+  if value not in _CPU_CONV_OPTIONS:
+    raise ValueError(f"{CPU_CONV_ENV}={value!r}: expected one of {sorted(_CPU_CONV_OPTIONS)}")
+  return value
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(options_key: tuple) -> bool:
+  """Whether this jaxlib compiles with these options (one tiny compile, once per process)."""
+  try:
+    jax.jit(lambda x: x + 1, compiler_options=dict(options_key)).lower(1.0).compile()
+    return True
+  except Exception as err:  # an unknown option is refused at compile time, with a jaxlib-specific error type
+    logger.warning("XLA options %s not supported by this jaxlib (%s); compiling without them", dict(options_key),
+                   str(err).splitlines()[0][:200])
+    return False
+
+
+def compiler_options() -> dict[str, Any] | None:
+  """The XLA options of the engine's programs on the current default backend (``None`` for none)."""
+  if jax.default_backend() != "cpu":
+    return None
+  options = _CPU_CONV_OPTIONS[cpu_conv_choice()]
+  if not options or not _supported(tuple(sorted(options.items()))):
+    return None
+  return dict(options)
+
+
+def _under_a_trace() -> bool:
+  """Whether a call happens inside ``jit``/``scan``/``vmap`` tracing (JAX refuses ``compiler_options`` there)."""
+  try:
+    from jax._src import core  # no public API says this; the tracer test below is the fallback
+    return not core.trace_state_clean()
+  except (ImportError, AttributeError):
+    return False
+
+
+class _EngineJit:
+  """``jax.jit`` with the engine's options at top level, plain ``jax.jit`` when called inside another traced
+  program (the outer program's options then apply: e.g. an evaluation kernel inside the scanned seeds program)."""
+
+  def __init__(self, fn: Callable, options: dict[str, Any] | None, **kwargs):
+    self._top = jax.jit(fn, compiler_options=options, **kwargs)
+    self._nested = jax.jit(fn, **kwargs) if options else self._top
+    functools.update_wrapper(self, fn)
+
+  def __call__(self, *args, **kwargs):
+    nested = _under_a_trace() or any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
+    return (self._nested if nested else self._top)(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    return self._top.lower(*args, **kwargs)
+
+
+def jit(fn: Callable, **kwargs) -> Callable:
+  """``jax.jit(fn, **kwargs)`` with :func:`compiler_options` (at top level; see :class:`_EngineJit`). Call it when
+  the program is built, not at import (reading the backend starts JAX, which must not happen before
+  ``jax.distributed.initialize`` or ``XLA_FLAGS``)."""
+  return _EngineJit(fn, compiler_options(), **kwargs)
