@@ -619,6 +619,7 @@ def main(argv=None) -> None:
   from fedjax_robust.execution import configure_cpu_devices
   configure_cpu_devices(args.cpu_devices if "shard_map" in args.strategies else 1)
   import jax
+  from fedjax_robust.compilation import compiler_options, cpu_conv_choice
   from fedjax_robust.models import count_params, init_params
 
   backend = jax.default_backend()
@@ -631,10 +632,13 @@ def main(argv=None) -> None:
              "torch_interop_threads": torch.get_num_interop_threads(),
              "torch_parallel_info": torch.__config__.parallel_info(),
              "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "loadavg_start": os.getloadavg(),
+             # the engine's own per-program XLA options (fedjax_robust/compilation.py; env FEDJAX_ROBUST_CPU_CONV)
+             "engine_compiler_options": compiler_options(), "FEDJAX_ROBUST_CPU_CONV": cpu_conv_choice(),
              "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
   print(f"nproc={machine['nproc']} cpu={machine['cpu']} jax={jax.__version__} ({backend}, "
         f"{jax.device_count()} devices) torch={torch.__version__} torch.get_num_threads()={torch_default_threads} "
         f"interop={machine['torch_interop_threads']} XLA_FLAGS={machine['XLA_FLAGS']!r} "
+        f"engine compiler options={machine['engine_compiler_options']} "
         f"loadavg={machine['loadavg_start']}", flush=True)
 
   wl = dataclasses.replace(rps.WORKLOADS[BASE_WORKLOAD], name=BASE_WORKLOAD + ("_unshuffled" if args.no_shuffle

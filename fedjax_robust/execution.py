@@ -3,7 +3,8 @@
 The client axis is a logical axis. Which execution is fastest depends on the
 backend (``DESIGN.md``, performance notes): on GPU/TPU a ``vmap`` inside one
 program; on XLA:CPU, ``vmap`` over per-client conv weights lowers to a grouped
-convolution that is ~5x slower, and ``shard_map`` over forced host devices (one
+convolution that is slower (1.4x the sequential loop's time for FedCAP's CNN with the engine's Eigen
+convolutions, ``compilation.py``; 3.5x with YNNPACK's), and ``shard_map`` over forced host devices (one
 client per device) or a plain sequential loop win. All strategies run the same
 one-client function and must give the same numbers (``tests/test_engine.py``).
 
@@ -247,7 +248,7 @@ def default_strategy_name(backend: str, has_conv: bool, num_devices: int) -> str
 
   GPU/TPU: ``vmap`` (one fused program). CPU with a conv net: ``shard_map`` when
   several host devices exist (each client's conv is a plain conv), else the
-  sequential loop (a grouped conv under ``vmap`` is ~5x slower). CPU with an
+  sequential loop (a grouped conv under ``vmap`` is 1.4x slower on FedCAP's CNN). CPU with an
   MLP: ``vmap``.
   """
   if backend != "cpu" or not has_conv:
