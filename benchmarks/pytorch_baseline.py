@@ -243,7 +243,7 @@ class TorchFedAvg:
 
 
 # --------------------------------------------------------------------------------------------- JAX model variants
-VARIANTS = ("model", "reshape_pool", "reshape_pool_im2col1")
+VARIANTS = ("model", "reshape_pool", "reshape_pool_im2col1", "reshape_pool_im2col")
 
 
 def variant_apply(model, name: str):
@@ -254,6 +254,8 @@ def variant_apply(model, name: str):
   forward values; its gradient is an elementwise compare-select instead of XLA's windowed index tracking).
   ``reshape_pool_im2col1``: as ``reshape_pool``, and conv1 (3 input channels) as im2col (25 static slices
   concatenated on the channel axis) + one matmul, instead of ``lax.conv_general_dilated``.
+  ``reshape_pool_im2col``: both convolutions as im2col + matmul (conv2: 25 slices of 32 channels, an 800-wide
+  matmul), so every conv's forward and both gradients become matrix products and slice/pad-adds.
   """
   import jax
   import jax.numpy as jnp
@@ -278,11 +280,12 @@ def variant_apply(model, name: str):
     x = x[:, :h // 2 * 2, :w // 2 * 2, :]
     return x.reshape(b, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
 
-  conv1 = im2col_conv if name == "reshape_pool_im2col1" else xla_conv
+  conv1 = im2col_conv if name.startswith("reshape_pool_im2col") else xla_conv
+  conv2 = im2col_conv if name == "reshape_pool_im2col" else xla_conv
 
   def apply(p, x):
     h = pool(jax.nn.relu(conv1(x, p["conv1"]["kernel"]) + p["conv1"]["bias"]))
-    h = pool(jax.nn.relu(xla_conv(h, p["conv2"]["kernel"]) + p["conv2"]["bias"]))
+    h = pool(jax.nn.relu(conv2(h, p["conv2"]["kernel"]) + p["conv2"]["bias"]))
     h = jax.nn.relu(h.reshape(h.shape[0], -1) @ p["fc1"]["kernel"] + p["fc1"]["bias"])
     return h @ p["head"]["kernel"] + p["head"]["bias"]
 
