@@ -27,6 +27,12 @@ the CPU cores the side kept busy (process CPU time / wall time over its timed ro
 2-core machine) and the cores the *other* processes of the machine took meanwhile (``/proc/stat`` busy time minus
 ours), with the load average around each block (it counts our own threads too).
 
+``--workload digits_mlp`` times the MLP workload of ``rounds_per_second.py`` instead (sklearn digits, 8x8x1
+flattened to 64, our ``MLP`` 64-200-200-10 = 55,050 params, 10 clients x ~144 samples, B = 10, E = 1, no
+``drop_last``: the last batch of a client is partial on both sides, shuffled) against the same PyTorch loop with a
+matching ``nn.Module`` (``Linear`` layers, flat inputs, no NCHW transpose). ``--variants`` and ``--breakdown`` are
+FedAvgCNN-only.
+
 Check (``--no_check`` skips it): from the same initial parameters (the JAX init copied into the ``nn.Module``), one
 *unshuffled* round of (a) and of ``ReferenceFedAvg`` must give the same global model (max abs difference printed),
 so both sides compute the same thing.
@@ -48,6 +54,7 @@ Needs PyTorch (not a test dependency): ``pip install -e ".[bench]"``.
     python benchmarks/pytorch_baseline.py --torch_threads 2,1 --strategies shard_map,sequential,reference,vmap
     python benchmarks/pytorch_baseline.py --strategies shard_map --variants model,reshape_pool,reshape_pool_im2col1
     python benchmarks/pytorch_baseline.py --repeats 0 --breakdown --torch_threads 1
+    python benchmarks/pytorch_baseline.py --workload digits_mlp --torch_threads 2 --strategies vmap,shard_map,sequential
     python benchmarks/pytorch_baseline.py --xla_flags=--xla_cpu_experimental_ynn_fusion_type= --strategies shard_map
 """
 
@@ -76,6 +83,7 @@ import rounds_per_second as rps  # noqa: E402  (numpy only at import; JAX comes 
 JAX_STRATEGIES = ("vmap", "shard_map", "sequential", "reference")
 DEFAULT_STRATEGIES = "shard_map,sequential,reference"
 BASE_WORKLOAD = "fedcap_cifar10_e1"
+TORCH_WORKLOADS = ("fedcap_cifar10_e1", "digits_mlp")  # the workloads of rounds_per_second.py with a torch twin
 
 
 # --------------------------------------------------------------------------------------------- setup
@@ -102,6 +110,8 @@ def machine_busy_seconds() -> float:
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--workload", default=BASE_WORKLOAD, choices=TORCH_WORKLOADS,
+                 help="rounds_per_second.py workload: FedAvgCNN on synthetic CIFAR-10 shapes, or the digits MLP")
   p.add_argument("--rounds", type=int, default=3, help="timed rounds per side and repeat")
   p.add_argument("--warmup", type=int, default=1, help="untimed rounds per side and repeat, before the timed ones "
                  "(the JAX strategies are compiled once, before the first repeat, and not counted)")
@@ -139,6 +149,8 @@ def parse_args(argv=None):
   bad = [v for v in args.variants if v not in VARIANTS]
   if bad:
     p.error(f"unknown variants {bad}; choose from {VARIANTS}")
+  if args.workload != BASE_WORKLOAD and (args.variants != ["model"] or args.breakdown):
+    p.error(f"--variants and --breakdown are FedAvgCNN-only (--workload {BASE_WORKLOAD}), not for {args.workload}")
   args.torch_threads = [int(t) for t in args.torch_threads.split(",") if t.strip()]
   if not args.torch_threads:
     p.error("--torch_threads needs at least one value")
@@ -146,8 +158,29 @@ def parse_args(argv=None):
 
 
 # --------------------------------------------------------------------------------------------- PyTorch side
-def torch_model_class(torch):
+def torch_model_class(torch, model_name: str = "fedavg_cnn", hidden=()):
+  """The PyTorch twin of our ``model_name`` (``fedavg_cnn`` or ``mlp`` with hidden widths ``hidden``)."""
   nn = torch.nn
+
+  class MLP(nn.Module):
+    """Our ``MLP`` (no dropout): flat input -> [Linear(h) -> ReLU] per hidden width -> head; same layer names."""
+
+    def __init__(self, in_features=64, num_classes=10):
+      super().__init__()
+      widths = [in_features] + [int(h) for h in hidden]
+      self.names = [f"fc{i + 1}" for i in range(len(hidden))]
+      for name, a, b in zip(self.names, widths[:-1], widths[1:]):
+        setattr(self, name, nn.Linear(a, b))
+      self.head = nn.Linear(widths[-1], num_classes)
+
+    def forward(self, x):
+      out = torch.flatten(x, 1)
+      for name in self.names:
+        out = torch.relu(getattr(self, name)(out))
+      return self.head(out)
+
+  if model_name == "mlp":
+    return MLP
 
   class FedAvgCNN(nn.Module):
     """PFLlib's ``FedAvgCNN`` (``system/flcore/trainmodel/models.py``), FedCAP's ``dim=1600``, hidden 64."""
@@ -174,6 +207,10 @@ def torch_model_class(torch):
 def jax_to_torch_state(torch, params) -> dict:
   """Our flax params (HWIO convs, [in, out] denses, NHWC flatten) as the PyTorch module's ``state_dict``."""
   p = {k: {n: np.asarray(v) for n, v in d.items()} for k, d in params.items()}
+  if "conv1" not in p:  # MLP: same layer names, Linear weights are [out, in]
+    sd = {f"{k}.{'weight' if n == 'kernel' else n}": (v.T if n == "kernel" else v) for k, d in p.items()
+          for n, v in d.items()}
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C", copy=True)) for k, v in sd.items()}
   fc1 = p["fc1"]["kernel"]  # rows in (h, w, c) order; PyTorch flattens (c, h, w)
   hw = int(round((fc1.shape[0] // p["conv2"]["kernel"].shape[-1]) ** 0.5))
   fc1 = fc1.reshape(hw, hw, -1, fc1.shape[1]).transpose(3, 2, 0, 1).reshape(fc1.shape[1], -1)
@@ -188,6 +225,14 @@ def torch_to_flat(model, params_like) -> np.ndarray:
   """The module's parameters in our layout, raveled in ``jax.tree.leaves`` order of ``params_like``."""
   import jax
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  if "conv2.0.weight" not in sd:  # MLP
+    ours = {}
+    for k, v in sd.items():
+      layer, n = k.split(".")
+      ours.setdefault(layer, {})["kernel" if n == "weight" else n] = v.T if n == "weight" else v
+    leaves = jax.tree.leaves(ours)
+    assert [np.shape(a) for a in leaves] == [np.shape(a) for a in jax.tree.leaves(params_like)]
+    return np.concatenate([np.ravel(a) for a in leaves])
   c2 = sd["conv2.0.weight"].shape[0]
   fc1 = sd["fc1.0.weight"]  # [out, c*h*w]
   hw = int(round((fc1.shape[1] // c2) ** 0.5))
@@ -209,7 +254,9 @@ class TorchFedAvg:
     self.n = [int(n) for n in np.asarray(data.n_train)]
     self.loaders = []
     for k, n in enumerate(self.n):
-      x = torch.from_numpy(np.ascontiguousarray(np.asarray(data.x_train[k, :n]).transpose(0, 3, 1, 2)))
+      x = np.asarray(data.x_train[k, :n])
+      x = x.transpose(0, 3, 1, 2) if wl.conv else x.reshape(n, -1)  # NCHW for the CNN, flat for the MLP
+      x = torch.from_numpy(np.ascontiguousarray(x))
       y = torch.from_numpy(np.asarray(data.y_train[k, :n]).astype(np.int64))
       ds = torch.utils.data.TensorDataset(x, y)
       gen = torch.Generator().manual_seed(seed * 1000 + k)
@@ -644,7 +691,7 @@ def main(argv=None) -> None:
         f"engine compiler options={machine['engine_compiler_options']} "
         f"loadavg={machine['loadavg_start']}", flush=True)
 
-  wl = dataclasses.replace(rps.WORKLOADS[BASE_WORKLOAD], name=BASE_WORKLOAD + ("_unshuffled" if args.no_shuffle
+  wl = dataclasses.replace(rps.WORKLOADS[args.workload], name=args.workload + ("_unshuffled" if args.no_shuffle
                                                                               else "_shuffled"),
                            lr=args.lr, shuffle=not args.no_shuffle)
   data = rps.make_data(wl)
@@ -656,15 +703,19 @@ def main(argv=None) -> None:
     unroll = True if backend == "cpu" else 1
   else:
     unroll = True if args.unroll == "true" else int(args.unroll)
-  FedAvgCNN = torch_model_class(torch)
+  TorchModel = torch_model_class(torch, wl.model, getattr(model, "hidden", ()))
   torch.manual_seed(args.seed)
-  tmodel = FedAvgCNN()
+  tmodel = TorchModel() if wl.conv else TorchModel(in_features=int(np.prod(data.feature_shape)),
+                                                   num_classes=wl.num_classes)
+  model_label = "FedAvgCNN" if wl.conv else "MLP " + "-".join(
+      str(w) for w in (int(np.prod(data.feature_shape)), *model.hidden, wl.num_classes))
   tmodel.load_state_dict(jax_to_torch_state(torch, params))
   n_torch = sum(p.numel() for p in tmodel.parameters())
   info = {"workload": dataclasses.asdict(wl), "params": count_params(params), "torch_params": n_torch,
           "clients": data.num_clients, "samples_per_round": samples, "unroll": unroll,
           "steps_per_client": samples // data.num_clients // wl.batch_size}
-  print(f"FedAvgCNN {info['params']:,} params (PyTorch {n_torch:,}), {data.num_clients} clients, B={wl.batch_size}, "
+  print(f"{model_label} {info['params']:,} params (PyTorch {n_torch:,}), {data.num_clients} clients, "
+        f"B={wl.batch_size}, "
         f"E={wl.epochs}, drop_last={wl.drop_last}, shuffle={wl.shuffle}, lr={wl.lr}, {samples} samples/round "
         f"({info['steps_per_client']} steps per client), engine unroll={unroll}", flush=True)
   assert n_torch == info["params"], "PyTorch and JAX models differ in size"
@@ -719,6 +770,7 @@ def main(argv=None) -> None:
     s.update(walls=[], cpus=[], others=[], loads=[], per_repeat=[])
 
   # ---- interleaved repeats
+  dp = 2 if wl.conv else 4  # decimals of s/round (an MLP round takes a few hundredths of a second)
   for rep in range(args.repeats):
     print(f"repeat {rep + 1}/{args.repeats} (load {os.getloadavg()[0]:.1f})", flush=True)
     for s in sides:
@@ -731,7 +783,7 @@ def main(argv=None) -> None:
       s["others"] += others
       s["loads"].append(loads)
       s["per_repeat"].append(median(walls))
-      print(f"  {s['label']:24s} s/round {' '.join(f'{w:.2f}' for w in walls)}  cores used "
+      print(f"  {s['label']:24s} s/round {' '.join(f'{w:.{dp}f}' for w in walls)}  cores used "
             f"{sum(cpus) / sum(walls):.2f} (other processes {sum(others) / sum(walls):.2f})  load average "
             f"{loads[0]:.1f}->{loads[1]:.1f}", flush=True)
   torch.set_num_threads(torch_default_threads)
@@ -764,7 +816,8 @@ def main(argv=None) -> None:
                                       data.num_clients, args.profile_dir)
 
   machine["loadavg_end"] = os.getloadavg()
-  print(f"\n**FedAvg, FedAvgCNN, 20 clients x 225, B=10, E=1, drop_last, shuffle={wl.shuffle}** "
+  print(f"\n**FedAvg, {model_label}, {data.num_clients} clients ({samples} samples/round), B={wl.batch_size}, "
+        f"E={wl.epochs}, drop_last={wl.drop_last}, shuffle={wl.shuffle}** "
         f"({args.repeats} repeats x {args.rounds} rounds after {args.warmup} warm-up; load average "
         f"{machine['loadavg_start'][0]:.1f} -> {machine['loadavg_end'][0]:.1f}; XLA_FLAGS={machine['XLA_FLAGS']!r})\n")
   if rows:
@@ -773,9 +826,9 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|---|")
   for r in rows:
     comp = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "–"
-    reps = ", ".join(f"{x:.2f}" for x in r["per_repeat_s"])
+    reps = ", ".join(f"{x:.{dp}f}" for x in r["per_repeat_s"])
     ratio = f"{r['ratio_vs_base']:.2f}x (" + ", ".join(f"{x:.2f}" for x in r["ratio_vs_base_per_repeat"]) + ")"
-    print(f"| {r['side']} | {comp} | {r['round_s_median']:.2f} ({reps}) | {r['rounds_per_s']:.3f} | "
+    print(f"| {r['side']} | {comp} | {r['round_s_median']:.{dp}f} ({reps}) | {r['rounds_per_s']:.3f} | "
           f"{r['samples_per_s']:,.0f} | {ratio} | {r['cores_used']:.2f} | {r['other_processes_cores']:.2f} |")
   if "check" in result:
     print(f"\nOne unshuffled round, same init: max |PyTorch - ReferenceFedAvg| = {result['check']['max_abs_diff']:.1e}")
