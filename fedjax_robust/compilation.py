@@ -2,9 +2,10 @@
 
 Why (issue 28 §8, CPU speed against PyTorch): jaxlib 0.10's XLA:CPU hands every convolution to YNNPACK by default.
 For the small convolutions of federated models (batch 10, 3-64 channels, 5x5 kernels) its kernels are much slower
-than XLA's own Eigen ones: FedCAP's CIFAR-10 FedAvgCNN step at B = 10 runs conv1's forward ~3x slower, and a whole
-FedAvg round of 20 clients went from 0.82x PyTorch's speed to 1.09x under ``shard_map`` (0.49x -> 0.74x for the
-one-client-at-a-time ``sequential`` loop) when the convolutions moved to Eigen (``benchmarks/README.md`` §3). So on
+than XLA's own Eigen ones: a FedAvg round of FedCAP's CIFAR-10 FedAvgCNN (20 clients, B = 10) went from 0.72x
+PyTorch's speed to 1.00x under ``shard_map`` (0.39x -> 0.61x for the one-client-at-a-time ``sequential`` loop) when
+the convolutions moved to Eigen (``benchmarks/results/pytorch_baseline_{ynnpack,eigen}_conv_cpu.json``,
+``benchmarks/README.md`` §3). So on
 the CPU the engine compiles its programs with ``individual_convolution`` removed from the YNNPACK fusion types
 (what ``XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=-individual_convolution`` does: matrix products and
 reductions stay in YNNPACK, convolutions use Eigen; checked on the compiled HLO). Other backends get no options.

@@ -4,7 +4,7 @@ The client axis is a logical axis. Which execution is fastest depends on the
 backend (``DESIGN.md``, performance notes): on GPU/TPU a ``vmap`` inside one
 program; on XLA:CPU, ``vmap`` over per-client conv weights lowers to a grouped
 convolution that is slower (1.4x the sequential loop's time for FedCAP's CNN with the engine's Eigen
-convolutions, ``compilation.py``; 3.5x with YNNPACK's), and ``shard_map`` over forced host devices (one
+convolutions, ``compilation.py``; 3.0x with YNNPACK's), and ``shard_map`` over forced host devices (one
 client per device) or a plain sequential loop win. All strategies run the same
 one-client function and must give the same numbers (``tests/test_engine.py``).
 
