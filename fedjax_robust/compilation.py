@@ -67,18 +67,23 @@ def compiler_options() -> dict[str, Any] | None:
   return dict(options)
 
 
-def _under_a_trace() -> bool:
+try:  # no public API says whether a call is being traced; without this one, look for tracers among the arguments
+  from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:
+  _trace_state_clean = None
+
+
+def _under_a_trace(args, kwargs) -> bool:
   """Whether a call happens inside ``jit``/``scan``/``vmap`` tracing (JAX refuses ``compiler_options`` there)."""
-  try:
-    from jax._src import core  # no public API says this; the tracer test below is the fallback
-    return not core.trace_state_clean()
-  except (ImportError, AttributeError):
-    return False
+  if _trace_state_clean is not None:
+    return not _trace_state_clean()
+  return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
 
 
 class _EngineJit:
   """``jax.jit`` with the engine's options at top level, plain ``jax.jit`` when called inside another traced
-  program (the outer program's options then apply: e.g. an evaluation kernel inside the scanned seeds program)."""
+  program (the outer program's options then apply: e.g. an evaluation kernel inside the scanned seeds program).
+  Without options (GPU, TPU, ``FEDJAX_ROBUST_CPU_CONV=ynnpack``) a call goes straight to the one ``jax.jit``."""
 
   def __init__(self, fn: Callable, options: dict[str, Any] | None, **kwargs):
     self._top = jax.jit(fn, compiler_options=options, **kwargs)
@@ -86,8 +91,9 @@ class _EngineJit:
     functools.update_wrapper(self, fn)
 
   def __call__(self, *args, **kwargs):
-    nested = _under_a_trace() or any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves((args, kwargs)))
-    return (self._nested if nested else self._top)(*args, **kwargs)
+    if self._nested is not self._top and _under_a_trace(args, kwargs):
+      return self._nested(*args, **kwargs)
+    return self._top(*args, **kwargs)
 
   def lower(self, *args, **kwargs):
     return self._top.lower(*args, **kwargs)
