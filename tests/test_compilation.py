@@ -68,3 +68,60 @@ def test_an_engine_program_called_inside_another_traced_program_compiles_with_th
   carry, _ = jax.lax.scan(lambda c, _: (inner(c), None), a, None, length=2)
   np.testing.assert_allclose(carry, np.tanh(expected) * 2.0, rtol=1e-6)
   assert inner.lower(a).compile() is not None
+
+
+def _grad_step(w, x):
+  """One SGD step on a conv layer: its backward pass has the gradient convolutions XLA:CPU must canonicalize."""
+  return w - 0.1 * jax.grad(_conv_loss, argnums=1)(x, w), _conv_loss(x, w)
+
+
+def _off_eigen_convolutions(fn, *args) -> list[str]:
+  """Convolutions of ``fn``'s compiled CPU program left in a layout Eigen does not take (XLA's conv
+  canonicalization rewrites the entry computation only, so a gradient convolution traced inside a loop body keeps
+  JAX's ``f01b_i01o->01bf`` form and runs on the naive emitter's path)."""
+  text = jax.jit(fn).lower(*args).compile().as_text()
+  labels = re.findall(r"convolution\(.*?dim_labels=([^,\s]+)", text)
+  assert labels, "no convolution in the program"
+  return [label for label in labels if label != "b01f_01io->b01f"]
+
+
+def test_full_unroll_of_one_step_is_a_plain_call_not_a_loop():
+  """JAX turns ``unroll=True`` on a length-1 scan into a rolled one-trip while loop, whose gradient convolutions
+  XLA:CPU leaves on its slow path (one ResNet-8 step 7x slower); ``compilation.scan`` / ``fori_loop`` call the
+  body instead, with the same numbers, and leave every other case to JAX."""
+  x = jax.random.normal(jax.random.key(0), (1, 4, 8, 8, 3))
+  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  ours = lambda w, x: compilation.scan(_grad_step, w, x, unroll=True)
+  jaxs = lambda w, x: jax.lax.scan(_grad_step, w, x, unroll=True)
+  assert _off_eigen_convolutions(jaxs, w, x), "JAX now unrolls a one-step scan itself: compilation.scan can go"
+  assert not _off_eigen_convolutions(ours, w, x)
+  for a, b in zip(jax.tree.leaves(jax.jit(ours)(w, x)), jax.tree.leaves(jax.jit(jaxs)(w, x))):
+    assert a.shape == b.shape
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+  # Longer scans and rolled ones are JAX's own.
+  x3 = jax.random.normal(jax.random.key(2), (3, 4, 8, 8, 3))
+  assert not _off_eigen_convolutions(lambda w, x: compilation.scan(_grad_step, w, x, unroll=True), w, x3)
+  assert _off_eigen_convolutions(lambda w, x: compilation.scan(_grad_step, w, x, unroll=1), w, x3)
+  np.testing.assert_allclose(np.asarray(compilation.scan(_grad_step, w, x3, unroll=True)[0]),
+                             np.asarray(jax.lax.scan(_grad_step, w, x3)[0]), rtol=1e-5, atol=1e-6)
+  body = lambda i, w: _grad_step(w, x[0] * (i + 1))[0]
+  assert _off_eigen_convolutions(lambda w: jax.lax.fori_loop(0, 1, body, w, unroll=True), w)
+  assert not _off_eigen_convolutions(lambda w: compilation.fori_loop(0, 1, body, w, unroll=True), w)
+  np.testing.assert_allclose(np.asarray(compilation.fori_loop(2, 3, body, w, unroll=True)),
+                             np.asarray(jax.lax.fori_loop(2, 3, body, w)), rtol=1e-5, atol=1e-6)
+
+
+def test_one_step_local_training_of_a_conv_net_keeps_its_convolutions_on_eigen():
+  """The engine's local SGD with one step (one batch, one epoch: FedCAC's reduced runs, the FedCC backdoor's
+  D_mal pass) unrolled on the CPU: every convolution in the layout XLA:CPU hands to Eigen, same numbers."""
+  import optax
+  from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
+  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  data = ClientData(jax.random.normal(jax.random.key(0), (8, 8, 8, 3)), jnp.zeros(8, jnp.int32), jnp.int32(8))
+  loss = lambda p, batch: (_conv_loss(batch.x, p), batch.model_state)
+  opt = optax.sgd(0.1)
+  train = lambda p, unroll: local_train(loss, opt, p, opt.init(p), data, jax.random.key(2),
+                                        LocalTrainSpec(epochs=1, batch_size=8, unroll=unroll), {}).params
+  assert not _off_eigen_convolutions(lambda p: train(p, True), w)
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda p: train(p, True))(w)),
+                             np.asarray(jax.jit(lambda p: train(p, 1))(w)), rtol=1e-6, atol=1e-7)

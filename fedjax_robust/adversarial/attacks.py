@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_robust import compilation
+
 PyTree = Any
 LogitsFn = Callable[[PyTree, jax.Array], jax.Array]  # (variables, x) -> logits
 
@@ -106,7 +108,7 @@ def linf_ascent(example_loss: Callable[[jax.Array], jax.Array], x: jax.Array, st
 
   if int(steps) == 0:
     return start
-  return jax.lax.fori_loop(0, int(steps), step, start, unroll=attack_unroll())
+  return compilation.fori_loop(0, int(steps), step, start, unroll=attack_unroll())
 
 
 def attack_unroll() -> bool | int:

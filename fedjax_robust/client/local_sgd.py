@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_robust import compilation
+
 PyTree = Any
 
 
@@ -202,7 +204,7 @@ def local_train(
              loss_sum + jnp.where(active, loss, 0.0))
     return carry, None
 
-  (params, opt_state, model_state, loss_sum), _ = jax.lax.scan(
+  (params, opt_state, model_state, loss_sum), _ = compilation.scan(
       step, (params, opt_state, model_state, jnp.zeros((), jnp.float32)),
       (order, sample_mask, step_active, step_ids), unroll=spec.unroll
   )
