@@ -149,6 +149,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.engine = ml_collections.ConfigDict({
       "strategy": "auto",  # auto | vmap | shard_map | sequential
       "unroll": "auto",  # auto | true | false | int: lax.scan unroll of the local steps
+      # seeds/grid runs: auto | scan (the whole run one program) | python (one round program called per round;
+      # auto's choice on the CPU for conv nets, whose convolutions XLA:CPU runs slowly inside a loop): run.py
+      "rounds_loop": "auto",
       # Ditto / FedCAP: run the pair's two models as two passes ('separate') or one vmapped pass ('stacked');
       # same numbers, speed differs per backend (benchmarks/step_latency.py --pair).
       "pair_forward": "separate",

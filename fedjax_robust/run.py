@@ -20,6 +20,13 @@ hyperparameters (the cartesian product; ``client.lr``, ``server.lr`` and the opt
 registry entry declares ``traced``, e.g. FedCAP's alpha, phi, lambda, T_norm) to the same program: the
 algorithm is built inside it with those values as tracers (``fedjax_robust.hparams``), one lane per
 (seed, point), each equal to the separate run with those values.
+
+On the CPU with a conv net the rounds do NOT run inside ``lax.scan``: XLA:CPU rewrites convolutions into the layout
+its Eigen kernels take only in a program's entry computation, so every gradient convolution of a round inside the
+scan's loop body runs on its naive path (a reduced FedCAC round of ResNet-8: 70 s in the scan against ~3 s called
+from Python, ``benchmarks/README.md`` §6). There ``engine.rounds_loop='auto'`` resolves to ``'python'``
+(:func:`resolve_rounds_loop`): the same lanes are vmapped into one compiled ROUND program and one evaluation
+program, called from a Python loop over rounds (:func:`run_stepwise`), with the same trace.
 """
 
 from __future__ import annotations
@@ -124,6 +131,41 @@ def make_run(sim: Simulator, rounds: int, eval_every: int, last_rounds: int = 0)
     return state, RunTrace(concat(round_parts), concat(eval_parts), concat(weight_parts))
 
   return run
+
+
+ROUNDS_LOOPS = ("auto", "scan", "python")
+
+
+def resolve_rounds_loop(value: str, backend: str, has_conv: bool) -> str:
+  """How a seeds/grid run loops over rounds: ``scan`` (the whole run one program, :func:`make_run`) or ``python``
+  (one compiled round program and one evaluation program called per round, :func:`run_stepwise`). ``auto``:
+  ``python`` on the CPU for conv nets (XLA:CPU leaves the convolutions of a loop body off Eigen, the trap the
+  unrolled local steps avoid, jax-ml/jax#12868), ``scan`` elsewhere."""
+  value = str(value or "auto").strip().lower()
+  if value not in ROUNDS_LOOPS:
+    raise ValueError(f"engine.rounds_loop must be one of {ROUNDS_LOOPS}, got {value!r}")
+  if value == "auto":
+    return "python" if (backend == "cpu" and has_conv) else "scan"
+  return value
+
+
+def run_stepwise(round_program, eval_program, state, inputs, rounds: int, eval_every: int, last_rounds: int = 0,
+                 lane_axes: int = 0):
+  """:func:`make_run`'s ``(final_state, RunTrace)`` from a Python loop: ``round_program(state, inputs) -> (state,
+  metrics)`` every round and ``eval_program(state, inputs)`` after each round :func:`eval_rounds` names (both
+  compiled once, typically vmapped over ``lane_axes`` leading lane axes: seeds, grid points). The per-round
+  outputs are stacked on axis ``lane_axes``, where the vmapped :func:`make_run` puts its rounds axis, and the
+  client x client weights are kept for the evaluated rounds only, as there."""
+  evaluated = set(eval_rounds(rounds, eval_every, last_rounds))
+  round_parts, eval_parts, weight_parts = [], [], []
+  for t in range(1, int(rounds) + 1):
+    state, metrics = round_program(state, inputs)
+    round_parts.append({k: v for k, v in metrics.items() if k != client_weights.KEY})
+    if t in evaluated:
+      eval_parts.append(eval_program(state, inputs))
+      weight_parts.append({k: v for k, v in metrics.items() if k == client_weights.KEY})
+  stack = lambda parts: jax.tree.map(lambda *a: jnp.stack(a, axis=lane_axes), *parts)
+  return state, RunTrace(stack(round_parts), stack(eval_parts), stack(weight_parts))
 
 
 # ------------------------------------------------------------------------------------------- stacking
@@ -281,23 +323,39 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   build_s = time.perf_counter() - t_build
   rounds, eval_every = int(config.rounds), int(config.eval_every)
   last_rounds = int(config.get("eval", {}).get("last_rounds", 0))
+  from fedjax_robust.experiment import _has_conv  # experiment imports this module
+  rounds_loop = resolve_rounds_loop(config.engine.get("rounds_loop", "auto"), jax.default_backend(),
+                                    _has_conv(experiments[0].params))
   if points:
     grid = {k: jnp.asarray([p[k] for p in points], jnp.float32) for k in points[0]}
-
-    def lane(state, run_inputs, hparams):
-      sim = sims[0].with_algorithm(experiments[0].algorithm_with(hparams))
-      return make_run(sim, rounds, eval_every, last_rounds)(state, run_inputs)
-
-    program = jax.vmap(lambda st, inp: jax.vmap(lambda h: lane(st, inp, h))(grid))
-  else:
-    program = jax.vmap(make_run(sims[0], rounds, eval_every, last_rounds))
-  logger.info("seeds %s x %d grid points: one program, %d rounds each, on %s", seeds, max(len(points), 1), rounds,
-              jax.devices())
+    lane_sim = lambda h: sims[0].with_algorithm(experiments[0].algorithm_with(h))
+  logger.info("seeds %s x %d grid points: one program, %d rounds each (rounds loop: %s), on %s", seeds,
+              max(len(points), 1), rounds, rounds_loop, jax.devices())
   t0 = time.perf_counter()
-  compiled = jit(program).lower(states, inputs).compile()
-  compile_s = time.perf_counter() - t0
-  t1 = time.perf_counter()
-  final_states, trace = compiled(states, inputs)
+  if rounds_loop == "scan":
+    if points:
+      lane = lambda state, run_inputs, h: make_run(lane_sim(h), rounds, eval_every, last_rounds)(state, run_inputs)
+      program = jax.vmap(lambda st, inp: jax.vmap(lambda h: lane(st, inp, h))(grid))
+    else:
+      program = jax.vmap(make_run(sims[0], rounds, eval_every, last_rounds))
+    compiled = jit(program).lower(states, inputs).compile()
+    compile_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    final_states, trace = compiled(states, inputs)
+  else:
+    if points:  # every (seed, point) lane carries its own state from round 1 on
+      states = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], len(points)) + a.shape[1:]), states)
+      lanes = lambda f: jax.vmap(lambda st, inp: jax.vmap(lambda s, h: f(lane_sim(h), s, inp))(st, grid))
+    else:
+      lanes = lambda f: jax.vmap(lambda st, inp: f(sims[0], st, inp))
+    round_fn = jit(lanes(lambda sim, s, inp: sim.round_step(s, inp)))
+    round_program = round_fn.lower(states, inputs).compile()
+    next_states = jax.eval_shape(round_fn, states, inputs)[0]
+    eval_program = jit(lanes(lambda sim, s, inp: sim.evaluation_step(s, inp))).lower(next_states, inputs).compile()
+    compile_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    final_states, trace = run_stepwise(round_program, eval_program, states, inputs, rounds, eval_every, last_rounds,
+                                       lane_axes=2 if points else 1)
   trace = jax.device_get(trace)
   run_s = time.perf_counter() - t1
   wall_s = time.perf_counter() - t0
@@ -336,6 +394,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
       "wall_time_s": wall_s,
       "rounds_per_s": len(seeds) * max(len(points), 1) * rounds / run_s,
       "strategy": "vmap",
+      "rounds_loop": rounds_loop,
       "backend": jax.default_backend(),
       "devices": [str(d) for d in jax.devices()],
       "run_dir": str(root),

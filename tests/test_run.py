@@ -155,3 +155,40 @@ def test_grid_over_traced_hyperparameters_equals_separate_runs(tmp_path):
     parse_grid("algorithm.ditto.lamda=1,2", "fedprox")
   assert parse_grid("algorithm.fedcap.phi=0.1,0.3", "fedcap") == [{"algorithm.fedcap.phi": 0.1},
                                                                   {"algorithm.fedcap.phi": 0.3}]
+
+
+def test_rounds_loop_resolution():
+  from fedjax_robust.run import resolve_rounds_loop
+  assert resolve_rounds_loop("auto", "cpu", True) == "python"
+  assert resolve_rounds_loop("auto", "cpu", False) == "scan"
+  assert resolve_rounds_loop("auto", "gpu", True) == "scan"
+  assert resolve_rounds_loop("Python", "gpu", False) == "python"
+  with pytest.raises(ValueError, match="rounds_loop"):
+    resolve_rounds_loop("while", "cpu", True)
+
+
+@pytest.mark.parametrize("grid", ["", "client.lr=0.05,0.1"])
+def test_seeds_with_rounds_called_from_python_equal_the_scanned_program(tmp_path, grid):
+  """engine.rounds_loop=python (auto's choice on the CPU for conv nets) writes the same per-round metrics and
+  evaluations as the one scanned program, seeds and grid lanes alike, with client x client weights (FedCAP)."""
+  summaries, rows = {}, {}
+  for loop in ("scan", "python"):
+    c = small_config(**{"algorithm.name": "fedcap", "engine.rounds_loop": loop})
+    c.seeds, c.grid = "0,1", grid
+    summaries[loop] = run_experiment(c, tmp_path / loop)
+    lanes = sorted(p.parent for p in (tmp_path / loop).rglob("metrics.jsonl"))
+    rows[loop] = {str(p.relative_to(tmp_path / loop)): rows_of(p) for p in lanes}
+  assert summaries["scan"]["rounds_loop"] == "scan" and summaries["python"]["rounds_loop"] == "python"
+  assert rows["scan"].keys() == rows["python"].keys() and len(rows["scan"]) == (4 if grid else 2)
+  for lane, scanned in rows["scan"].items():
+    stepped = rows["python"][lane]
+    assert [r["round"] for r in stepped] == [r["round"] for r in scanned] == [1, 2, 3, 4]
+    for a, b in zip(scanned, stepped):
+      assert a.keys() == b.keys(), lane
+      for key, value in a.items():
+        if isinstance(value, float):
+          assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (lane, a["round"], key)
+    scanned_w, stepped_w = (np.load(tmp_path / loop / lane / "client_weights.npz") for loop in ("scan", "python"))
+    assert scanned_w.files == stepped_w.files and scanned_w.files
+    for name in scanned_w.files:
+      np.testing.assert_allclose(stepped_w[name], scanned_w[name], rtol=1e-5, atol=1e-6)
