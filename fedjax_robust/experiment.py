@@ -112,7 +112,9 @@ def default_config() -> ml_collections.ConfigDict:
   # last_rounds: also evaluate after each of the last N rounds (papers that report the mean of the last 10).
   # stop_at: end the run after the first evaluated round whose global_test_acc reaches it (0 = never): rounds-to-
   # target grids (FedVSA Tables 3-4) stop once the higher target is met. One-seed runs only.
-  c.eval = ml_collections.ConfigDict({"metrics": "auto", "last_rounds": 0, "stop_at": 0.0,
+  # global_test_examples: score the global model on this many global test rows, drawn once without replacement
+  # with data.seed (0 = all): a cheaper global_test_acc where the metric is the clients' own accuracy (FedCAC).
+  c.eval = ml_collections.ConfigDict({"metrics": "auto", "last_rounds": 0, "stop_at": 0.0, "global_test_examples": 0,
                                       "robust": default_robust_eval_config()})
   # Local training objective and training attack (fedjax_robust/adversarial/objectives.py): ce | pgd_at (FedAvg-AT)
   # | fedalc | fat | trades | mart | calfat, with each objective's block adversarial.<name>.*. Attacks perturb
@@ -202,6 +204,18 @@ class Experiment:
 
   def init_state(self) -> SimState:
     return self.simulator.init(self.params, self.config.seed, self.model_state or None)
+
+
+def global_test_rows(config, data) -> np.ndarray | None:
+  """The global test rows evaluation scores (``eval.global_test_examples``; ``None`` = all): a uniform draw without
+  replacement seeded by ``data.seed``, sorted, so every method and lane of a grid sees the same rows."""
+  size = int(config.eval.get("global_test_examples", 0) or 0)
+  total = int(len(data.y_global_test))
+  if size == 0 or size == total:
+    return None
+  if not 0 < size <= total:
+    raise ValueError(f"eval.global_test_examples must be in [0, {total}] (0 = all), got {size}")
+  return np.sort(np.random.default_rng(int(config.data.seed)).choice(total, size, replace=False))
 
 
 def _has_conv(params) -> bool:
@@ -477,7 +491,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,
                         evaluators=evaluators, attack_data=attack_data,
-                        eval_options={} if robust_eval is None else {"robust": robust_eval})
+                        eval_options={} if robust_eval is None else {"robust": robust_eval},
+                        global_test_rows=global_test_rows(config, data))
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
                     algorithm_with, pretrain_records)
 

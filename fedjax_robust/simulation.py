@@ -139,13 +139,16 @@ class Simulator:
       backdoor with a backdoor).
     eval_options: per-evaluator settings, e.g. ``{"robust": RobustEvalSpec}`` (the attacks of the ``robust``
       evaluator; default FGSM, BIM, PGD, CW at ε = 8/255).
+    global_test_rows: optional indices of the global test rows the evaluators score the global model on (default
+      all): a cheaper ``global_test_acc`` for long CPU runs whose metric is the clients' own accuracy.
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
                upload_transform: Optional[UploadTransform] = None, eval_batch_size: int = 1024,
                malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None,
                server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None,
-               evaluators=None, attack_data: Optional[ClientData] = None, eval_options: Optional[dict] = None):
+               evaluators=None, attack_data: Optional[ClientData] = None, eval_options: Optional[dict] = None,
+               global_test_rows: Optional[np.ndarray] = None):
     self.algorithm = algorithm
     self.eval_options = dict(eval_options or {})
     self.model: Model = as_model(apply_fn)
@@ -163,7 +166,8 @@ class Simulator:
     self.eval_batch_size = int(eval_batch_size)
     self.train = _to_client_data(data.x_train, data.y_train, data.n_train)
     self.test = _to_client_data(data.x_test, data.y_test, data.n_test)
-    self.global_test = (jnp.asarray(data.x_global_test), jnp.asarray(data.y_global_test, jnp.int32))
+    rows = slice(None) if global_test_rows is None else np.asarray(global_test_rows)
+    self.global_test = (jnp.asarray(data.x_global_test[rows]), jnp.asarray(data.y_global_test[rows], jnp.int32))
     self.backdoor = None if backdoor is None else (jnp.asarray(backdoor[0]), int(backdoor[1]))
     self.evaluators = resolve_evaluators(evaluators, self.backdoor is not None)
     self.server_data = None if server_data is None else ClientData(

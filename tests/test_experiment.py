@@ -108,10 +108,35 @@ def test_local_trains_every_client_every_round_under_partial_participation(train
     ("client.optimizer", "rmsprop", "unknown optimizer"),
     ("model.name", "resnet1000", "unknown model"),
     ("data.name", "imagenet22k", "imagenet22k"),
+    ("eval.global_test_examples", -3, "global_test_examples"),
 ])
 def test_bad_config_gives_a_clear_error(key, value, message):
   with pytest.raises(ValueError, match=message):
     build_experiment(digits_config(**{key: value}))
+
+
+def test_global_test_subset_scores_the_drawn_rows_only():
+  """eval.global_test_examples=N: the global model is scored on N rows drawn without replacement with data.seed,
+  the same rows for every method; global_test_acc is their accuracy; 0 (default) and the full size mean all."""
+  from fedjax_robust.metrics.accuracy import count_correct
+  full = build_experiment(digits_config())
+  sub = build_experiment(digits_config(**{"eval.global_test_examples": 50}))
+  x_all, y_all = (np.asarray(a) for a in full.simulator.global_test)
+  x, y = (np.asarray(a) for a in sub.simulator.global_test)
+  assert x.shape[0] == y.shape[0] == 50 and len(y_all) > 50
+  flat_all = x_all.reshape(len(x_all), -1)
+  rows = [int(np.flatnonzero((flat_all == row.reshape(-1)).all(axis=1))[0]) for row in x]
+  assert rows == sorted(rows) and len(set(rows)) == 50 and (y_all[rows] == y).all()
+  again = build_experiment(digits_config(**{"eval.global_test_examples": 50, "algorithm.name": "fedprox"}))
+  np.testing.assert_array_equal(np.asarray(again.simulator.global_test[0]), x)
+  other = build_experiment(digits_config(**{"eval.global_test_examples": 50, "data.seed": 1}))
+  assert not np.array_equal(np.asarray(other.simulator.global_test[0]), x)
+  state = sub.init_state()
+  record = sub.simulator.evaluate(state)
+  correct, count = count_correct(sub.simulator.apply_fn, sub.params, jnp.asarray(x), jnp.asarray(y))  # round 0
+  assert int(count) == 50 and record["global_test_acc"] == pytest.approx(float(correct) / 50)
+  whole = build_experiment(digits_config(**{"eval.global_test_examples": len(y_all)}))
+  assert whole.simulator.global_test[0].shape == x_all.shape
 
 
 def test_run_py_cli_with_overrides(tmp_path):
