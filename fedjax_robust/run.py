@@ -23,8 +23,8 @@ algorithm is built inside it with those values as tracers (``fedjax_robust.hpara
 
 On the CPU with a conv net the rounds do NOT run inside ``lax.scan``: XLA:CPU rewrites convolutions into the layout
 its Eigen kernels take only in a program's entry computation, so every gradient convolution of a round inside the
-scan's loop body runs on its naive path (a reduced FedCAC round of ResNet-8: 70 s in the scan against ~3 s called
-from Python, ``benchmarks/README.md`` §6). There ``engine.rounds_loop='auto'`` resolves to ``'python'``
+scan's loop body runs on its naive path (two seeds of a reduced FedCAC run on ResNet-8: 109.7 s of running in the
+scan against 13.0 s called from Python, ``benchmarks/README.md`` §4). There ``engine.rounds_loop='auto'`` resolves to ``'python'``
 (:func:`resolve_rounds_loop`): the same lanes are vmapped into one compiled ROUND program and one evaluation
 program, called from a Python loop over rounds (:func:`run_stepwise`), with the same trace.
 """
