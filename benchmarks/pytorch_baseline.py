@@ -204,10 +204,11 @@ def torch_model_class(torch, model_name: str = "fedavg_cnn", hidden=()):
   return FedAvgCNN
 
 
-def jax_to_torch_state(torch, params) -> dict:
-  """Our flax params (HWIO convs, [in, out] denses, NHWC flatten) as the PyTorch module's ``state_dict``."""
+def jax_to_torch_state(torch, params, conv: bool) -> dict:
+  """Our flax params (HWIO convs, [in, out] denses, NHWC flatten) as the PyTorch module's ``state_dict``;
+  ``conv``: the workload's model is the FedAvgCNN (else the MLP)."""
   p = {k: {n: np.asarray(v) for n, v in d.items()} for k, d in params.items()}
-  if "conv1" not in p:  # MLP: same layer names, Linear weights are [out, in]
+  if not conv:  # MLP: same layer names, Linear weights are [out, in]
     sd = {f"{k}.{'weight' if n == 'kernel' else n}": (v.T if n == "kernel" else v) for k, d in p.items()
           for n, v in d.items()}
     return {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C", copy=True)) for k, v in sd.items()}
@@ -221,11 +222,12 @@ def jax_to_torch_state(torch, params) -> dict:
   return {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C", copy=True)) for k, v in sd.items()}
 
 
-def torch_to_flat(model, params_like) -> np.ndarray:
-  """The module's parameters in our layout, raveled in ``jax.tree.leaves`` order of ``params_like``."""
+def torch_to_flat(model, params_like, conv: bool) -> np.ndarray:
+  """The module's parameters in our layout, raveled in ``jax.tree.leaves`` order of ``params_like``; ``conv`` as
+  for :func:`jax_to_torch_state`."""
   import jax
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  if "conv2.0.weight" not in sd:  # MLP
+  if not conv:  # MLP
     ours = {}
     for k, v in sd.items():
       layer, n = k.split(".")
@@ -709,7 +711,7 @@ def main(argv=None) -> None:
                                                    num_classes=wl.num_classes)
   model_label = "FedAvgCNN" if wl.conv else "MLP " + "-".join(
       str(w) for w in (int(np.prod(data.feature_shape)), *model.hidden, wl.num_classes))
-  tmodel.load_state_dict(jax_to_torch_state(torch, params))
+  tmodel.load_state_dict(jax_to_torch_state(torch, params, wl.conv))
   n_torch = sum(p.numel() for p in tmodel.parameters())
   info = {"workload": dataclasses.asdict(wl), "params": count_params(params), "torch_params": n_torch,
           "clients": data.num_clients, "samples_per_round": samples, "unroll": unroll,
@@ -731,7 +733,7 @@ def main(argv=None) -> None:
     ours = np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(p1)])
     tfa = TorchFedAvg(torch, data, wl0, wl.lr, shuffle=False, seed=args.seed)
     t1 = tfa.run_round(tmodel)
-    theirs = torch_to_flat(t1, params)
+    theirs = torch_to_flat(t1, params, wl.conv)
     start = np.concatenate([np.ravel(np.asarray(a)) for a in jax.tree.leaves(params)])
     diff = float(np.max(np.abs(ours - theirs)))
     change = float(np.max(np.abs(ours - start)))
