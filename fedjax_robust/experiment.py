@@ -206,6 +206,12 @@ class Experiment:
     return self.simulator.init(self.params, self.config.seed, self.model_state or None)
 
 
+def _draw_rows(total: int, size: int, seed: int) -> np.ndarray:
+  """``size`` distinct row indices of ``total``, uniform with ``seed``, sorted (the server's test rows, the evaluated
+  global test rows)."""
+  return np.sort(np.random.default_rng(seed).choice(total, size, replace=False))
+
+
 def global_test_rows(config, data) -> np.ndarray | None:
   """The global test rows evaluation scores (``eval.global_test_examples``; ``None`` = all): a uniform draw without
   replacement seeded by ``data.seed``, sorted, so every method and lane of a grid sees the same rows."""
@@ -215,7 +221,7 @@ def global_test_rows(config, data) -> np.ndarray | None:
     return None
   if not 0 < size <= total:
     raise ValueError(f"eval.global_test_examples must be in [0, {total}] (0 = all), got {size}")
-  return np.sort(np.random.default_rng(int(config.data.seed)).choice(total, size, replace=False))
+  return _draw_rows(total, size, int(config.data.seed))
 
 
 def _has_conv(params) -> bool:
@@ -275,7 +281,7 @@ def server_dataset(data, server_cfg, seed: int) -> ClientData:
   total = int(len(data.y_global_test))
   if not 0 < size <= total:
     raise ValueError(f"server.root_dataset_size must be in [1, {total}] with root_source='test', got {size}")
-  pick = np.sort(np.random.default_rng(seed).choice(total, size, replace=False))
+  pick = _draw_rows(total, size, seed)
   return ClientData(jnp.asarray(data.x_global_test[pick]), jnp.asarray(data.y_global_test[pick], jnp.int32),
                     jnp.int32(size))
 

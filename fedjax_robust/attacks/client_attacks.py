@@ -62,7 +62,8 @@ def backdoor_training(epochs: int = 6, lr: float = 5e-3, weight_decay: float = 5
       return (bad.params, own.opt_state, bad.opt_state, bad.model_state), (own.metrics["loss"], own.metrics["steps"])
 
     init = (params, client_opt.init(params), attack_opt.init(params), {} if model_state is None else model_state)
-    (params, opt_state, _, model_state), (losses, steps) = compilation.scan(one, init, jnp.arange(int(epochs)), unroll=spec.unroll)
+    (params, opt_state, _, model_state), (losses, steps) = compilation.scan(one, init, jnp.arange(int(epochs)),
+                                                                          unroll=spec.unroll)
     total = jnp.sum(steps)
     loss = jnp.sum(losses * steps) / jnp.maximum(total, 1)
     return LocalResult(params, opt_state, {"loss": loss, "steps": total.astype(jnp.int32)}, model_state)
