@@ -326,28 +326,23 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   from fedjax_robust.experiment import _has_conv  # experiment imports this module
   rounds_loop = resolve_rounds_loop(config.engine.get("rounds_loop", "auto"), jax.default_backend(),
                                     _has_conv(experiments[0].params))
-  if points:
+  if points:  # every (seed, point) lane carries its own state
     grid = {k: jnp.asarray([p[k] for p in points], jnp.float32) for k in points[0]}
     lane_sim = lambda h: sims[0].with_algorithm(experiments[0].algorithm_with(h))
+    states = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], len(points)) + a.shape[1:]), states)
+    lanes = lambda f: jax.vmap(lambda st, inp: jax.vmap(lambda s, h: f(lane_sim(h), s, inp))(st, grid))
+  else:
+    lanes = lambda f: jax.vmap(lambda st, inp: f(sims[0], st, inp))
   logger.info("seeds %s x %d grid points: one program, %d rounds each (rounds loop: %s), on %s", seeds,
               max(len(points), 1), rounds, rounds_loop, jax.devices())
   t0 = time.perf_counter()
   if rounds_loop == "scan":
-    if points:
-      lane = lambda state, run_inputs, h: make_run(lane_sim(h), rounds, eval_every, last_rounds)(state, run_inputs)
-      program = jax.vmap(lambda st, inp: jax.vmap(lambda h: lane(st, inp, h))(grid))
-    else:
-      program = jax.vmap(make_run(sims[0], rounds, eval_every, last_rounds))
+    program = lanes(lambda sim, s, inp: make_run(sim, rounds, eval_every, last_rounds)(s, inp))
     compiled = jit(program).lower(states, inputs).compile()
     compile_s = time.perf_counter() - t0
     t1 = time.perf_counter()
     final_states, trace = compiled(states, inputs)
   else:
-    if points:  # every (seed, point) lane carries its own state from round 1 on
-      states = jax.tree.map(lambda a: jnp.broadcast_to(a[:, None], (a.shape[0], len(points)) + a.shape[1:]), states)
-      lanes = lambda f: jax.vmap(lambda st, inp: jax.vmap(lambda s, h: f(lane_sim(h), s, inp))(st, grid))
-    else:
-      lanes = lambda f: jax.vmap(lambda st, inp: f(sims[0], st, inp))
     round_fn = jit(lanes(lambda sim, s, inp: sim.round_step(s, inp)))
     round_program = round_fn.lower(states, inputs).compile()
     next_states = jax.eval_shape(round_fn, states, inputs)[0]
