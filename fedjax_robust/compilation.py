@@ -106,6 +106,13 @@ def jit(fn: Callable, **kwargs) -> Callable:
   return _EngineJit(fn, compiler_options(), **kwargs)
 
 
+def has_conv(params) -> bool:
+  """Whether a model is a convolutional net (some parameter has >= 4 dims): what the engine's CPU choices key on
+  (unrolled local steps, ``engine.rounds_loop``, the default strategy), since XLA:CPU's convolution traps above and
+  in :func:`scan` touch only convolutions."""
+  return any(jax.numpy.ndim(leaf) >= 4 for leaf in jax.tree.leaves(params))
+
+
 def scan(f: Callable, init: Any, xs: Any, *, unroll: bool | int = 1, length: int | None = None):
   """``jax.lax.scan``, except that a full unroll (``unroll=True``) of a one-step scan is a plain call of ``f``.
 

@@ -37,6 +37,7 @@ from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.registry import ALGORITHMS as ALGORITHM_REGISTRY
 from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, algorithm_entry, build_algorithm
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
+from fedjax_robust.compilation import has_conv
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.data.augment import augmentation_from_config
@@ -224,10 +225,6 @@ def global_test_rows(config, data) -> np.ndarray | None:
   return _draw_rows(total, size, int(config.data.seed))
 
 
-def _has_conv(params) -> bool:
-  return any(leaf.ndim >= 4 for leaf in jax.tree.leaves(params))
-
-
 # model.input_stats: the mean/std a model applies to [0, 1] pixels under data.normalize='model'. "dataset": the
 # dataset's own; "imagenet": torchvision's, for ImageNet-pretrained weights (FedALC spec §4.1, Table II's ResNet-18).
 INPUT_STATS = {"dataset": None, "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
@@ -248,10 +245,10 @@ def input_normalization(norm: dict, input_stats: str, channels: int):
   return mean, std
 
 
-def resolve_unroll(value, backend: str, has_conv: bool) -> bool | int:
+def resolve_unroll(value, backend: str, conv: bool) -> bool | int:
   """``auto``: fully unroll local steps on CPU for conv nets (XLA:CPU conv-in-loop trap, jax#12868)."""
   if value == "auto":
-    return True if (backend == "cpu" and has_conv) else 1
+    return True if (backend == "cpu" and conv) else 1
   if isinstance(value, str):
     return {"true": True, "false": 1}.get(value.lower(), None) or int(value)
   return 1 if value is False else value
@@ -452,7 +449,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   if pretrain_rounds(config):  # FedVSA §4.6: every method starts from the same FedAvg warm start (on clean data)
     params, model_state, pretrain_records = pretrain(config, clean)
   backend = jax.default_backend()
-  conv = _has_conv(params)
+  conv = has_conv(params)
   unroll = resolve_unroll(config.engine.unroll, backend, conv)
   augment = augmentation_from_config(config.data.get("augment", ""), data.feature_shape, norm, stats)  # training only
   spec = LocalTrainSpec(int(config.client.epochs), int(config.client.batch_size), bool(config.client.drop_last),

@@ -44,7 +44,7 @@ import numpy as np
 
 from fedjax_robust import client_weights
 from fedjax_robust.client import ClientData
-from fedjax_robust.compilation import jit
+from fedjax_robust.compilation import has_conv, jit
 from fedjax_robust.execution import is_traceable
 from fedjax_robust.simulation import RunInputs, SimState, Simulator
 
@@ -136,7 +136,7 @@ def make_run(sim: Simulator, rounds: int, eval_every: int, last_rounds: int = 0)
 ROUNDS_LOOPS = ("auto", "scan", "python")
 
 
-def resolve_rounds_loop(value: str, backend: str, has_conv: bool) -> str:
+def resolve_rounds_loop(value: str, backend: str, conv: bool) -> str:
   """How a seeds/grid run loops over rounds: ``scan`` (the whole run one program, :func:`make_run`) or ``python``
   (one compiled round program and one evaluation program called per round, :func:`run_stepwise`). ``auto``:
   ``python`` on the CPU for conv nets (XLA:CPU leaves the convolutions of a loop body off Eigen, the trap the
@@ -145,7 +145,7 @@ def resolve_rounds_loop(value: str, backend: str, has_conv: bool) -> str:
   if value not in ROUNDS_LOOPS:
     raise ValueError(f"engine.rounds_loop must be one of {ROUNDS_LOOPS}, got {value!r}")
   if value == "auto":
-    return "python" if (backend == "cpu" and has_conv) else "scan"
+    return "python" if (backend == "cpu" and conv) else "scan"
   return value
 
 
@@ -323,9 +323,8 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   build_s = time.perf_counter() - t_build
   rounds, eval_every = int(config.rounds), int(config.eval_every)
   last_rounds = int(config.get("eval", {}).get("last_rounds", 0))
-  from fedjax_robust.experiment import _has_conv  # experiment imports this module
   rounds_loop = resolve_rounds_loop(config.engine.get("rounds_loop", "auto"), jax.default_backend(),
-                                    _has_conv(experiments[0].params))
+                                    has_conv(experiments[0].params))
   if points:  # every (seed, point) lane carries its own state
     grid = {k: jnp.asarray([p[k] for p in points], jnp.float32) for k in points[0]}
     lane_sim = lambda h: sims[0].with_algorithm(experiments[0].algorithm_with(h))

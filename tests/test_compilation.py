@@ -125,3 +125,9 @@ def test_one_step_local_training_of_a_conv_net_keeps_its_convolutions_on_eigen()
   assert not _off_eigen_convolutions(lambda p: train(p, True), w)
   np.testing.assert_allclose(np.asarray(jax.jit(lambda p: train(p, True))(w)),
                              np.asarray(jax.jit(lambda p: train(p, 1))(w)), rtol=1e-6, atol=1e-7)
+
+
+def test_has_conv_keys_on_four_dimensional_parameters():
+  assert compilation.has_conv({"dense": {"kernel": jnp.zeros((3, 2))}, "conv": {"kernel": jnp.zeros((3, 3, 1, 2))}})
+  assert not compilation.has_conv({"dense": {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros(2)}})
+  assert not compilation.has_conv({})
