@@ -14,7 +14,6 @@ cost ratio and the vmap/sequential speed ratio measured in this process; ``--out
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -104,9 +103,7 @@ def main():
       result[f"vmap_over_sequential_{objective}"] = ratio
       print(f"{objective}: vmap is {ratio:.2f}x the sequential loop's rounds/s")
   if args.out:
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print("stored", args.out)
+    grid.store_json(args.out, result)
 
 
 if __name__ == "__main__":

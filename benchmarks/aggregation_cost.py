@@ -23,7 +23,6 @@ one 512 x 512 Gram matrix over 1600 features, a median of its 130,816 pairwise d
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -176,10 +175,9 @@ def main(argv=None) -> None:
     else:
       print(f"| {r['kind']} | {r['name']} | {r['compile_s']:.2f} | {r['ms_per_call']:.2f} |")
   if args.out:
-    from experiments.grid import provenance
+    from experiments.grid import provenance, store_json
     result.update({k: v for k, v in provenance().items() if k in ("commit", "dirty", "device_kind")})
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1)
+    store_json(args.out, result)
 
 
 if __name__ == "__main__":

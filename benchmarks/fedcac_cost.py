@@ -29,7 +29,6 @@ FedCAC/FedAvg ratio measured in this process. ``--skip_rounds`` / ``--skip_serve
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -231,9 +230,7 @@ def main():
                         **rounds_part(args.config, [s for s in args.strategies.split(",") if s], args.rounds,
                                       args.set)}
   if args.out:
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print("stored", args.out)
+    grid.store_json(args.out, result)
 
 
 if __name__ == "__main__":

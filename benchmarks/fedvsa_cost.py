@@ -17,7 +17,6 @@ under the same engine strategy; ``--strategies vmap,sequential`` also gives the 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import sys
@@ -97,8 +96,7 @@ def main():
         print(f"m={cohort:3d} {strategy:10s} {variant:28s} {per_round:8.2f} s/round "
               f"({1 / per_round:.3f} rounds/s) first {first:6.1f} s {ratio}", flush=True)
   if args.out:
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    grid.store_json(args.out, result)
 
 
 if __name__ == "__main__":

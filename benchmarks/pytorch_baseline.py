@@ -854,10 +854,9 @@ def main(argv=None) -> None:
   elif prof:
     print(f"\nprofile: {prof.get('error')}")
   if args.out:
-    from experiments.grid import provenance
+    from experiments.grid import provenance, store_json
     result["machine"].update({k: v for k, v in provenance().items() if k in ("commit", "dirty", "device_kind")})
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1, default=str)
+    store_json(args.out, result)
 
 
 if __name__ == "__main__":

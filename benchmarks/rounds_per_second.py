@@ -57,7 +57,6 @@ import argparse
 import dataclasses
 import gc
 import json
-import math
 import os
 import platform
 import queue
@@ -586,11 +585,10 @@ def main(argv=None) -> None:
   print("\n" + "\n\n".join(markdown(r, args.slow_cap) for r in results))
   print(f"\ntotal {machine['total_wall_s']:.0f} s; load average start {load}, end {machine['loadavg_end']}")
   if args.out:
-    from experiments.grid import provenance
+    from experiments.grid import provenance, store_json
     machine.update({k: v for k, v in provenance().items() if k in ("commit", "dirty", "device_kind")})
-    with open(args.out, "w") as f:
-      json.dump({"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "trap_child"},
-                 "results": results}, f, indent=1)
+    store_json(args.out, {"machine": machine, "args": {k: v for k, v in vars(args).items() if k != "trap_child"},
+                          "results": results})
 
 
 if __name__ == "__main__":

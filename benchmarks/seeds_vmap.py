@@ -15,7 +15,6 @@ with its provenance.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -83,7 +82,7 @@ def main():
             f"{result['separate']['seed_rounds_per_s']:.3f} seed-rounds/s; one program is {sep_s / one_s:.2f}x",
             flush=True)
   if args.out:
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    grid.store_json(args.out, result)
 
 
 if __name__ == "__main__":

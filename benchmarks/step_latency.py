@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import platform
@@ -594,10 +593,9 @@ def main(argv=None) -> dict:
             "analytic_flops": flops, "peaks_tflops_fp32_tf32": peaks, "check": check, "rows": rows,
             "traces": traces, "table": "\n".join(lines)}
   if args.out:
-    from experiments.grid import provenance
+    from experiments.grid import provenance, store_json
     result["machine"].update({k: v for k, v in provenance().items() if k in ("commit", "dirty")})
-    with open(args.out, "w") as f:
-      json.dump(result, f, indent=1)
+    store_json(args.out, result)
   return result
 
 

@@ -169,6 +169,16 @@ def provenance() -> dict:
           "device_kind": getattr(jax.devices()[0], "device_kind", None), "jax": jax.__version__}
 
 
+def store_json(path, result: dict, indent: int = 1) -> None:
+  """Write a stored result (a benchmark's, a table's) as JSON at ``path``, making its folder; values JSON cannot
+  say (a dtype, a device) are written as their ``str``."""
+  import json
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(result, indent=indent, default=str))
+  print("stored", path)
+
+
 def _seed_cells(summary: dict, run_dir: Path, config, record: Record) -> dict:
   """A seeds cell: ``record`` of every seed's run directory, and each numeric field's mean and std over seeds
   (``value`` = the mean, ``value_std``, ``values``; per-seed records under ``per_seed``)."""
