@@ -87,6 +87,9 @@ PAPER_TABLE4 = {
     (0.5, "fmnist"): (62.37, 58.20, 10.00, 76.41, 18.36, 62.49, 10.00, 69.05),
     (0.5, "cifar10"): (23.99, 17.28, 10.06, 34.32, 9.87, 27.83, 10.00, 37.27),
 }
+# Table I's targeted cells also give FedCC's (kernel CKA) final backdoor confidence: dist -> value (Fig. 4 only
+# plots the other rules' curves: "FedCC stays near 0 in every round; FedAvg, Krum and Bulyan oscillate").
+PAPER_FEDCC_BACKDOOR_CONFIDENCE = {"iid": 6e-07, "noniid": 0.0118}
 # Table V (targeted, non-IID, benign E = 6, attacker E_mal = 12): dataset -> (FedAvg, Coomed, FLARE, FedCC).
 PAPER_TABLE5 = {"fmnist": (69.40, 72.11, 72.32, 82.31), "cifar10": (53.85, 49.18, 21.61, 54.94)}
 
@@ -184,7 +187,70 @@ def table5(results: dict) -> str:
   return _ours_vs_paper(["Dataset"], [RULES[r] for r in TABLE4_RULES], rows, _reduced_note(results))
 
 
-TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5}
+def _confidence_curve(cell: dict) -> list[float] | None:
+  """A targeted cell's backdoor confidence per round (the seeds' mean for a seeds cell), or ``None``."""
+  if "backdoor_confidence_per_round" in cell:
+    return list(cell["backdoor_confidence_per_round"])
+  curves = [r.get("backdoor_confidence_per_round") for r in cell.get("per_seed", {}).values()]
+  if curves and all(curves):
+    return [sum(v) / len(curves) for v in zip(*curves)]
+  return None
+
+
+def _targeted_rows(results: dict) -> list[tuple[str, str, str, dict]]:
+  """``(dist, dataset, rule, cell)`` of every stored targeted Table III cell, in the table's order."""
+  return [(d, ds, r, results[cell_key("targeted", d, ds, r)]) for d in DISTS for ds in DATASETS for r in RULES
+          if cell_key("targeted", d, ds, r) in results]
+
+
+def fig4(results: dict) -> str:
+  """Fig. 4 as a table: the targeted cells' backdoor confidence (mean softmax of the target class on D_mal, lower
+  is better, spec §2.7) at the first, a third, two thirds and the last round and its maximum over rounds, the
+  final backdoor accuracy (share of D_mal predicted as the target) and who was flagged at the last round."""
+  lines = ["| Dist | Dataset | Rule | accuracy % | backdoor confidence by round | max | final ours / paper | "
+           "backdoor acc. | last round TPR / FPR |", "|---" * 9 + "|"]
+  for dist, dataset, rule, cell in _targeted_rows(results):
+    curve = _confidence_curve(cell)
+    if curve is None:
+      continue
+    n = len(curve)
+    marks = sorted({1, max(1, round(n / 3)), max(1, round(2 * n / 3)), n})
+    by_round = ", ".join(f"{t}: {curve[t - 1]:.3f}" for t in marks)
+    paper = PAPER_FEDCC_BACKDOOR_CONFIDENCE[dist] if rule == "fedcc" and dataset == "cifar10" else None
+    final = f"{curve[-1]:.4f} / " + ("—" if paper is None else f"{paper:g}")
+    detection = (f"{cell['detection_tpr']:.2f} / {cell['detection_fpr']:.2f}" if "detection_tpr" in cell else "—")
+    asr = f"{cell['backdoor_asr']:.2f}" if "backdoor_asr" in cell else "—"
+    lines.append(f"| {DISTS[dist]} | {DATASETS[dataset]} | {RULES[rule]} | {_fmt(cell)} | {by_round} | "
+                 f"{max(curve):.3f} | {final} | {asr} | {detection} |")
+  return "\n".join(lines + ["", _reduced_note(results)]) + "\n"
+
+
+def fig4_figure(results: dict, path: Path) -> None:
+  """Fig. 4's curves: backdoor confidence per round, one panel per (dist, dataset), one line per rule."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  rows = [(d, ds, r, _confidence_curve(c)) for d, ds, r, c in _targeted_rows(results)]
+  panels = sorted({(d, ds) for d, ds, _, curve in rows if curve}, key=lambda p: (list(DISTS).index(p[0]),
+                                                                                  list(DATASETS).index(p[1])))
+  if not panels:
+    raise ValueError("no targeted cell with a per-round backdoor confidence in these results")
+  fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+  for ax, (dist, dataset) in zip(axes[0], panels):
+    for d, ds, rule, curve in rows:
+      if (d, ds) == (dist, dataset) and curve:
+        ax.plot(range(1, len(curve) + 1), curve, label=RULES[rule], lw=2.2 if rule == "fedcc" else 1.1,
+                ls="-" if rule == "fedcc" else "--")
+    ax.set(title=f"{DATASETS[dataset]}, {DISTS[dist]}: targeted backdoor (f = 1, boosted)", xlabel="round",
+           ylabel="backdoor confidence (target-class softmax on D_mal)", ylim=(0, 1))
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  fig.savefig(path.with_suffix(".svg"))
+
+
+TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5, "fig4": fig4}
 
 
 def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS)) -> list[tuple[str, str, str, str, str]]:
@@ -193,6 +259,8 @@ def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS)) -> list[
     return [("none", d, ds, r, "") for ds in datasets for d in dists for r in rules]
   if mode == "table3":
     return [(a, d, ds, r, "") for a in attacks for ds in datasets for d in dists for r in rules]
+  if mode == "fig4":  # Table III's targeted cells (the same keys), evaluated every round
+    return [("targeted", d, ds, r, "") for ds in datasets for d in dists for r in rules]
   if mode == "table4":
     return [(a, "noniid", ds, r, f"k100_p{f:g}") for f in (0.1, 0.3, 0.5) for ds in datasets if ds != "cifar100"
             for a in attacks if a != "targeted" for r in rules if r in TABLE4_RULES]
@@ -214,11 +282,14 @@ def main():
   parser.add_argument("--rules", default=",".join(RULES))
   parser.add_argument("--attacks", default=",".join(ATTACKS), help="--mode table3: which attacks, in this order")
   parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
+  parser.add_argument("--figure", default="", help="fig4: also draw the backdoor confidence curves to this PNG (+SVG)")
   grid.add_common_args(parser, "runs/fedcc")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2")
   args = parser.parse_args()
   if args.from_json:
     print(table_from_json(args.from_json, args.mode), end="")
+    if args.mode == "fig4" and args.figure:
+      fig4_figure(json.loads(Path(args.from_json).read_text()), Path(args.figure))
     return
   logging.basicConfig(level=logging.WARNING)
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)
@@ -226,6 +297,8 @@ def main():
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),
                              pick(args.rules, RULES), pick(args.attacks, ATTACKS))]
   print(grid.run_and_tabulate(cells, args, TABLES[args.mode]))
+  if args.mode == "fig4" and args.figure:
+    fig4_figure(grid.merged_results(Path(args.out_dir)), Path(args.figure))
 
 
 if __name__ == "__main__":

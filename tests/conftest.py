@@ -8,6 +8,12 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
+# The experiment scripts (experiments/*.py: grids, tables, figures) are a folder of scripts, not part of the
+# installed package: tests import them from the repository root, whichever test file runs first (or alone).
+import sys  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 # --- one directory for the whole test session: XLA compilation cache, decoded datasets (issue 28) ----------------
 # Most of the suite's time is XLA:CPU compiling small programs, and many are compiled again by other processes or

@@ -62,6 +62,30 @@ def test_tables_from_stored_cells(tmp_path):
   assert len(t.cells_of("table5", ["fmnist", "cifar10", "cifar100"], ["noniid"], list(t.RULES))) == 2 * 4
 
 
+def test_fig4_reads_the_targeted_cells_backdoor_confidence_curves(tmp_path):
+  from experiments import fedcc_tables as t
+  curve = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625]
+  results = {t.cell_key("targeted", "noniid", "cifar10", "fedcc"): {
+                 "value": 30.0, "rounds": 6, "epochs": 2, "backdoor_confidence_per_round": curve,
+                 "backdoor_asr": 0.0, "detection_tpr": 1.0, "detection_fpr": 0.0},
+             t.cell_key("targeted", "noniid", "cifar10", "fedavg"): {  # a seeds cell: the seeds' mean curve
+                 "value": 25.0, "value_std": 1.0, "rounds": 6, "epochs": 2, "seeds": [0, 1],
+                 "per_seed": {"0": {"backdoor_confidence_per_round": [0.2, 0.4, 0.6, 0.8, 0.9, 1.0]},
+                              "1": {"backdoor_confidence_per_round": [0.0, 0.2, 0.4, 0.6, 0.7, 0.8]}}},
+             t.cell_key("fang_median", "noniid", "cifar10", "fedcc"): {"value": 29.0, "rounds": 6, "epochs": 2}}
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  rows = {line.split(" | ")[2]: line for line in t.table_from_json(path, "fig4").splitlines()
+          if line.startswith("| non-IID")}
+  assert set(rows) == {"FedAvg", "FedCC"}  # the untargeted cell has no curve: not a Fig. 4 row
+  # rounds 1, 2 (6/3), 4 (2*6/3) and 6; FedCC's final value beside Table I's 0.0118
+  assert "1: 0.500, 2: 0.250, 4: 0.062, 6: 0.016 | 0.500 | 0.0156 / 0.0118 | 0.00 | 1.00 / 0.00 |" in rows["FedCC"]
+  assert "25.00 ± 1.00 | 1: 0.100, 2: 0.300, 4: 0.700, 6: 0.900 | 0.900 | 0.9000 / — | — | — |" in rows["FedAvg"]
+  t.fig4_figure(results, tmp_path / "fig4.png")
+  assert (tmp_path / "fig4.png").stat().st_size > 0 and (tmp_path / "fig4.svg").exists()
+  assert len(t.cells_of("fig4", ["cifar10"], ["noniid"], list(t.RULES))) == 6
+
+
 def test_table4_and_table5_cells_configure_the_paper_variants():
   from experiments import fedcc_tables as t
   import argparse

@@ -1,13 +1,10 @@
 """experiments/grid.py's helpers shared by the table scripts and the benchmarks."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from experiments import grid  # noqa: E402
+from experiments import grid
 
 
 def test_store_json_makes_the_folder_and_writes_what_json_cannot_say_as_text(tmp_path, capsys):
