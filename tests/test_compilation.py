@@ -131,3 +131,38 @@ def test_has_conv_keys_on_four_dimensional_parameters():
   assert compilation.has_conv({"dense": {"kernel": jnp.zeros((3, 2))}, "conv": {"kernel": jnp.zeros((3, 3, 1, 2))}})
   assert not compilation.has_conv({"dense": {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros(2)}})
   assert not compilation.has_conv({})
+
+
+def test_map_of_one_element_is_a_plain_call_and_equals_lax_map():
+  """Robust evaluation attacks its rows batch by batch with ``compilation.map``: one batch (the reduced runs'
+  500 rows) must not be a one-trip loop whose gradient convolutions leave Eigen."""
+  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  f = lambda x: _grad_step(w, x)
+  for n in (1, 3):
+    xs = jax.random.normal(jax.random.key(n), (n, 4, 8, 8, 3))
+    for a, b in zip(jax.tree.leaves(compilation.map(f, xs)), jax.tree.leaves(jax.lax.map(f, xs))):
+      assert a.shape == b.shape
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  x1 = jax.random.normal(jax.random.key(1), (1, 4, 8, 8, 3))
+  assert _off_eigen_convolutions(lambda x: jax.lax.map(f, x), x1)
+  assert not _off_eigen_convolutions(lambda x: compilation.map(f, x), x1)
+
+
+def test_attack_loops_unroll_on_cpu_for_conv_nets_only_and_keep_their_numbers(monkeypatch):
+  from fedjax_robust.adversarial import attacks
+  assert attacks.attack_unroll(conv=True) is True and attacks.attack_unroll(conv=False) == 1
+  params = {"w": 0.3 * jax.random.normal(jax.random.key(1), (3, 3, 1, 4)), "d": jax.random.normal(jax.random.key(2),
+                                                                                                      (144, 3))}
+  logits = lambda p, x: jnp.tanh(jax.lax.conv_general_dilated(
+      x, p["w"], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))).reshape(x.shape[0], -1) @ p["d"]
+  x = jax.random.uniform(jax.random.key(3), (6, 8, 8, 1))
+  y = jnp.arange(6) % 3
+  run = lambda: (attacks.pgd(logits, params, x, y, jax.random.key(4), attacks.LinfParams(0.1, 0.02, 3)),
+                 attacks.cw_l2(logits, params, x, y, None, attacks.CWParams(c=5.0, steps=10, lr=0.05)))
+  unrolled = jax.jit(run)()
+  assert not _off_eigen_convolutions(lambda p: attacks.cw_l2(logits, p, x, y, None, attacks.CWParams(steps=10)),
+                                     params)
+  monkeypatch.setenv("FEDJAX_ROBUST_ATTACK_UNROLL", "false")
+  rolled = jax.jit(run)()
+  for a, b in zip(unrolled, rolled):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

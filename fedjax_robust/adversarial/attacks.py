@@ -99,26 +99,28 @@ def uniform_start(x: jax.Array, key: jax.Array, eps: float) -> jax.Array:
 
 
 def linf_ascent(example_loss: Callable[[jax.Array], jax.Array], x: jax.Array, start: jax.Array, eps: float,
-                step_size: float, steps: int) -> jax.Array:
+                step_size: float, steps: int, conv: bool = True) -> jax.Array:
   """``steps`` signed-gradient ascent steps on ``example_loss`` from ``start``, each followed by the projection
-  onto the ε-ball around ``x`` and [0, 1]. The loop every L∞ kernel (and TRADES' KL attack) shares."""
+  onto the ε-ball around ``x`` and [0, 1]. The loop every L∞ kernel (and TRADES' KL attack) shares; ``conv``:
+  whether the attacked model has convolutions (:func:`attack_unroll`)."""
 
   def step(_, x_k):
     return project_linf(x_k + step_size * jnp.sign(input_gradient(example_loss, x_k)), x, eps)
 
   if int(steps) == 0:
     return start
-  return compilation.fori_loop(0, int(steps), step, start, unroll=attack_unroll())
+  return compilation.fori_loop(0, int(steps), step, start, unroll=attack_unroll(conv))
 
 
-def attack_unroll() -> bool | int:
-  """How the attack loops are compiled: unrolled on CPU (XLA:CPU runs convolutions inside a loop on a slow path,
-  jax#12868: PGD-10 on the CNN-MNIST is 1.65x faster unrolled), a rolled loop elsewhere. The environment variable
-  FEDJAX_ROBUST_ATTACK_UNROLL (``auto``, ``true``, ``false`` or an int) overrides it."""
+def attack_unroll(conv: bool = True) -> bool | int:
+  """How the attack loops are compiled: unrolled on CPU for conv nets (``conv``: :func:`compilation.has_conv` of
+  the attacked model; XLA:CPU runs the convolutions of a loop body on a slow path, jax#12868: PGD-10 on the
+  CNN-MNIST is 1.65x faster unrolled, CW-L2's 50 steps 1.7x for 13 s more compilation), a rolled loop elsewhere.
+  The environment variable FEDJAX_ROBUST_ATTACK_UNROLL (``auto``, ``true``, ``false`` or an int) overrides it."""
   import os
   value = os.environ.get("FEDJAX_ROBUST_ATTACK_UNROLL", "auto").lower()
   if value == "auto":
-    return True if jax.default_backend() == "cpu" else 1
+    return True if (jax.default_backend() == "cpu" and conv) else 1
   if value in ("true", "false"):
     return value == "true"
   return int(value)
@@ -140,7 +142,8 @@ def bim(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, key:
         params: LinfParams = LinfParams()) -> jax.Array:
   """Basic iterative method: PGD's steps from the clean input (``random_start`` ignored)."""
   del key
-  out = linf_ascent(_ce_loss(logits_fn, variables, y), x, x, params.eps, params.step_size, params.steps)
+  out = linf_ascent(_ce_loss(logits_fn, variables, y), x, x, params.eps, params.step_size, params.steps,
+                    compilation.has_conv(variables))
   return jax.lax.stop_gradient(out)
 
 
@@ -148,7 +151,8 @@ def pgd(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, key:
         params: LinfParams = LinfParams()) -> jax.Array:
   """L∞ PGD on cross-entropy from a uniform random start in the ε-ball (``params.random_start``)."""
   start = uniform_start(x, key, params.eps) if params.random_start else x
-  out = linf_ascent(_ce_loss(logits_fn, variables, y), x, start, params.eps, params.step_size, params.steps)
+  out = linf_ascent(_ce_loss(logits_fn, variables, y), x, start, params.eps, params.step_size, params.steps,
+                    compilation.has_conv(variables))
   return jax.lax.stop_gradient(out)
 
 
@@ -157,7 +161,8 @@ def cw_linf(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, 
   """L∞ PGD that lowers the CW margin ``z_y − max_{k≠y} z_k`` instead of raising CE (spec §2.2 extras)."""
   loss = lambda z: -cw_margin(logits_fn(variables, z), y, kappa=jnp.inf)
   start = uniform_start(x, key, params.eps) if params.random_start else x
-  return jax.lax.stop_gradient(linf_ascent(loss, x, start, params.eps, params.step_size, params.steps))
+  return jax.lax.stop_gradient(linf_ascent(loss, x, start, params.eps, params.step_size, params.steps,
+                    compilation.has_conv(variables)))
 
 
 def cw_l2(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, key: jax.Array = None,
@@ -207,5 +212,6 @@ def cw_l2(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, ke
     return jnp.where(keep, w, new_w), new_opt_state, best_adv, best_l2, prev, new_done
 
   init = (w0, opt.init(w0), x, jnp.full((b,), 1e10, x.dtype), jnp.full((b,), 1e10, x.dtype), jnp.zeros((b,), bool))
-  out = jax.lax.fori_loop(0, int(params.steps), step, init)[2]
+  unroll = attack_unroll(compilation.has_conv(variables))
+  out = compilation.fori_loop(0, int(params.steps), step, init, unroll=unroll)[2]
   return jax.lax.stop_gradient(out)

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fedjax_robust import compilation
 from fedjax_robust.adversarial.attacks import CWParams, LinfParams, bim, cw_l2, cw_linf, fgsm, pgd
 
 PyTree = Any
@@ -98,7 +99,7 @@ def robust_accuracy(logits_fn: Callable, variables: PyTree, x: jax.Array, y: jax
     hit = jnp.argmax(logits_fn(variables, xi), -1) == yi
     return jnp.sum(hit & vi).astype(jnp.int32)
 
-  correct = jax.lax.map(one, (jnp.arange(num), xb, yb, valid))
+  correct = compilation.map(one, (jnp.arange(num), xb, yb, valid))  # one batch: no loop (compilation.scan)
   return jnp.sum(correct), jnp.int32(total)
 
 

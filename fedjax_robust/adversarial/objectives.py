@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_robust.compilation import has_conv
 from fedjax_robust.adversarial.attacks import LinfParams, cross_entropy, linf_ascent, pgd
 from fedjax_robust.adversarial.calibration import calibrated_cross_entropy, check_calibration, log_prior_logits
 from fedjax_robust.client import Batch, BatchTransform, ClientData, LossFn, masked_cross_entropy
@@ -118,7 +119,7 @@ def kl_transform(attack: LinfParams, train_mode: bool = False, calibrate=None):
       noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(start_key, i), x.shape[1:], x.dtype))(
           jnp.arange(x.shape[0]))
       start = jnp.clip(x + 0.001 * noise, 0.0, 1.0)
-      return linf_ascent(example_loss, x, start, attack.eps, attack.step_size, attack.steps)
+      return linf_ascent(example_loss, x, start, attack.eps, attack.step_size, attack.steps, has_conv(variables))
 
     return transform
 
