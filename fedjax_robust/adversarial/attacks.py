@@ -115,7 +115,8 @@ def linf_ascent(example_loss: Callable[[jax.Array], jax.Array], x: jax.Array, st
 def attack_unroll(conv: bool = True) -> bool | int:
   """How the attack loops are compiled: unrolled on CPU for conv nets (``conv``: :func:`compilation.has_conv` of
   the attacked model; XLA:CPU runs the convolutions of a loop body on a slow path, jax#12868: PGD-10 on the
-  CNN-MNIST is 1.65x faster unrolled, CW-L2's 50 steps 1.7x for 13 s more compilation), a rolled loop elsewhere.
+  CNN-MNIST is 1.65x faster unrolled, CW-L2's 50 steps 2.1x for ~19 s more compilation,
+  benchmarks/README.md §5), a rolled loop elsewhere.
   The environment variable FEDJAX_ROBUST_ATTACK_UNROLL (``auto``, ``true``, ``false`` or an int) overrides it."""
   import os
   value = os.environ.get("FEDJAX_ROBUST_ATTACK_UNROLL", "auto").lower()
