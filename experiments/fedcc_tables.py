@@ -241,6 +241,9 @@ def fig4_figure(results: dict, path: Path) -> None:
       if (d, ds) == (dist, dataset) and curve:
         ax.plot(range(1, len(curve) + 1), curve, label=RULES[rule], lw=2.2 if rule == "fedcc" else 1.1,
                 ls="-" if rule == "fedcc" else "--")
+    if dataset == "cifar10":  # the one number the paper gives: FedCC's final confidence (Table I)
+      ax.axhline(PAPER_FEDCC_BACKDOOR_CONFIDENCE[dist], color="black", ls=":", lw=1,
+                 label=f"paper: FedCC final ({PAPER_FEDCC_BACKDOOR_CONFIDENCE[dist]:g}, Table I)")
     ax.set(title=f"{DATASETS[dataset]}, {DISTS[dist]}: targeted backdoor (f = 1, boosted)", xlabel="round",
            ylabel="backdoor confidence (target-class softmax on D_mal)", ylim=(0, 1))
     ax.legend(fontsize=8)
