@@ -166,6 +166,11 @@ def test_table3_gap_sign():
   assert "- CIFAR-10: met (+1.50; paper +1.40)." in table
   assert "- CIFAR-100: NOT met (-1.00; paper +2.07)." in table
   assert "- Tiny-ImageNet: not run (paper +2.22)." in table
+  # a gap inside the seeds' spread is said to be unresolved, whatever its sign
+  close = {t.cell_key("cifar10", "dir0.1", "fedcac"): _cell(86.0),
+           t.cell_key("cifar10", "dir0.1", "fedcac_as_critical"): _cell(85.8)}
+  assert "- CIFAR-10: met (+0.20, smaller than the seeds' std 0.50 / 0.50: not resolved; paper +1.40)." in \
+      t.table3(close)
 
 
 def test_one_seed_cells_are_merged_and_configured_like_the_seeds_program():
