@@ -270,7 +270,8 @@ def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS)) -> list[
   if mode == "table5":
     return [("targeted", "noniid", ds, r, "e6") for ds in datasets if ds != "cifar100" for r in rules
             if r in TABLE4_RULES]
-  return [(a, d, "cifar10", r, "") for a, d in TABLE1_COLUMNS if d in dists for r in SIMILARITIES]
+  return [(a, d, "cifar10", r, "") for a, d in TABLE1_COLUMNS if d in dists and a in attacks
+          for r in SIMILARITIES if rules is None or r in rules]
 
 
 def table_from_json(path, mode: str) -> str:
@@ -282,8 +283,9 @@ def main():
   parser.add_argument("--mode", choices=tuple(TABLES), default="table3")
   parser.add_argument("--datasets", default="fmnist,cifar10,cifar100")
   parser.add_argument("--dists", default="noniid,iid")
-  parser.add_argument("--rules", default=",".join(RULES))
-  parser.add_argument("--attacks", default=",".join(ATTACKS), help="--mode table3: which attacks, in this order")
+  parser.add_argument("--rules", default="", help="comma-separated rules (default: the table's all; --mode table1: "
+                      "similarities, " + ",".join(SIMILARITIES) + ")")
+  parser.add_argument("--attacks", default=",".join(ATTACKS), help="--mode table3 / table1: which attacks, in this order")
   parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
   parser.add_argument("--figure", default="", help="fig4: also draw the backdoor confidence curves to this PNG (+SVG)")
   grid.add_common_args(parser, "runs/fedcc")
@@ -298,7 +300,8 @@ def main():
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)
   cells = [(cell_key(*c), cell_config(*c, args), record)
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),
-                             pick(args.rules, RULES), pick(args.attacks, ATTACKS))]
+                             pick(args.rules, SIMILARITIES if args.mode == "table1" else RULES),
+                             pick(args.attacks, ATTACKS))]
   print(grid.run_and_tabulate(cells, args, TABLES[args.mode]))
   if args.mode == "fig4" and args.figure:
     fig4_figure(grid.merged_results(Path(args.out_dir)), Path(args.figure))

@@ -58,6 +58,8 @@ def test_tables_from_stored_cells(tmp_path):
   assert "Fang-Krum" not in table  # rows without any cell are left out
   assert len(t.cells_of("table3", ["fmnist"], ["noniid", "iid"], list(t.RULES))) == 3 * 2 * 6
   assert len(t.cells_of("table1", None, ["iid", "noniid"], None)) == 6 * 5
+  assert t.cells_of("table1", None, ["noniid"], ["fedcc_mmd", "fedcc_cosine"], ["fang_median"]) == [
+      ("fang_median", "noniid", "cifar10", "fedcc_mmd", ""), ("fang_median", "noniid", "cifar10", "fedcc_cosine", "")]
   assert len(t.cells_of("table4", ["fmnist", "cifar10"], ["noniid"], list(t.RULES))) == 3 * 2 * 2 * 4
   assert len(t.cells_of("table5", ["fmnist", "cifar10", "cifar100"], ["noniid"], list(t.RULES))) == 2 * 4
 
