@@ -37,8 +37,8 @@ from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.registry import ALGORITHMS as ALGORITHM_REGISTRY
 from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, algorithm_entry, build_algorithm
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
-from fedjax_robust.compilation import has_conv
 from fedjax_robust.client import ClientData, LocalTrainSpec
+from fedjax_robust.compilation import has_conv
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.data.augment import augmentation_from_config
 from fedjax_robust.execution import default_strategy_name, is_primary, make_strategy, to_host

@@ -1,12 +1,7 @@
 """experiments/byzantine_baselines.py's table renderer: the grid's table.md and the --from_json tables of
 experiments/results/byzantine_baselines.md are one code path (paper numbers from PAPER only)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments import byzantine_baselines as bb  # noqa: E402
+from experiments import byzantine_baselines as bb
 
 
 def test_paper_value_maps_a_variant_to_its_column():

@@ -422,7 +422,6 @@ def test_fedcap_tables_personalized_mode_runs_a_cell(tmp_path, shared_data, data
 def test_fedcap_orphans_table_compares_the_same_benign_clients():
   """fedcap_orphans: each attacked run against the benign run on ITS benign clients; the 'without 16' column drops
   client 16 from both sides."""
-  sys.path.insert(0, str(REPO))
   from experiments import fedcap_orphans as orphans
 
   k = 20

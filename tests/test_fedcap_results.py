@@ -1,15 +1,10 @@
 """experiments/fedcap_results.py: how a Table IV cell that is not a run of its own gets its value, and the
 readable removal column. (Every generated block itself is checked against the page by test_results_tables.py.)"""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from experiments import fedcap_results as fr  # noqa: E402
-from experiments import fedcap_tables as ft  # noqa: E402
+from experiments import fedcap_results as fr
+from experiments import fedcap_tables as ft
 
 
 def test_removal_text_groups_clients_by_round():

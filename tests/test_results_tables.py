@@ -2,15 +2,9 @@
 fails here. Each block sits between ``<!-- generated: COMMAND -->`` and ``<!-- end generated -->``; COMMAND is
 re-run and must print the block exactly (``experiments/tables.py`` rewrites them all)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from experiments import tables  # noqa: E402
+from experiments import tables
 
 BLOCKS = [(md.name, cmd, body) for md in sorted(tables.RESULTS.glob("*.md")) for _, cmd, body in tables.blocks(md)]
 

@@ -162,8 +162,8 @@ def cw_linf(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, 
   """L∞ PGD that lowers the CW margin ``z_y − max_{k≠y} z_k`` instead of raising CE (spec §2.2 extras)."""
   loss = lambda z: -cw_margin(logits_fn(variables, z), y, kappa=jnp.inf)
   start = uniform_start(x, key, params.eps) if params.random_start else x
-  return jax.lax.stop_gradient(linf_ascent(loss, x, start, params.eps, params.step_size, params.steps,
-                    compilation.has_conv(variables)))
+  out = linf_ascent(loss, x, start, params.eps, params.step_size, params.steps, compilation.has_conv(variables))
+  return jax.lax.stop_gradient(out)
 
 
 def cw_l2(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, key: jax.Array = None,

@@ -37,10 +37,10 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.compilation import has_conv
 from fedjax_robust.adversarial.attacks import LinfParams, cross_entropy, linf_ascent, pgd
 from fedjax_robust.adversarial.calibration import calibrated_cross_entropy, check_calibration, log_prior_logits
 from fedjax_robust.client import Batch, BatchTransform, ClientData, LossFn, masked_cross_entropy
+from fedjax_robust.compilation import has_conv
 from fedjax_robust.models.interface import Model, train_logits
 
 PyTree = Any
