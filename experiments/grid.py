@@ -228,11 +228,19 @@ def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_pa
     if summary.get("resumed_from_round"):  # wall_s is this invocation only; the run's own clock spans every session
       cell.update(resumed_from_round=summary["resumed_from_round"], run_wall_time_s=summary["wall_time_s"])
     results[key] = cell
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in cell.get("models", {}).items() if v is not None)
-    spread = f" ± {cell['value_std']:.2f}" if "value_std" in cell else ""
-    print(f"{key:24s} {cell['value']:6.2f}{spread} ({parts}) {cell['wall_s']:.0f}s", flush=True)
+    print(cell_line(key, cell), flush=True)
     results_path.write_text(json.dumps(results, indent=1))
   return results
+
+
+def cell_line(key: str, cell: dict) -> str:
+  """One finished cell as a progress line: its value (± over seeds), other models' values, detection, wall time."""
+  parts = [f"{k} {v:.2f}" for k, v in cell.get("models", {}).items() if v is not None]
+  if cell.get("detection_tpr") is not None:
+    parts.append(f"TPR {cell['detection_tpr']:.2f} FPR {cell.get('detection_fpr', float('nan')):.2f}")
+  spread = f" ± {cell['value_std']:.2f}" if "value_std" in cell else ""
+  details = f" ({', '.join(parts)})" if parts else ""
+  return f"{key:24s} {cell['value']:6.2f}{spread}{details} {cell['wall_s']:.0f}s"
 
 
 def run_and_tabulate(cells, args, render: Callable[[dict], str], finish_cell: Callable[[dict], None] | None = None
