@@ -88,6 +88,19 @@ def test_fig4_reads_the_targeted_cells_backdoor_confidence_curves(tmp_path):
   assert len(t.cells_of("fig4", ["cifar10"], ["noniid"], list(t.RULES))) == 6
 
 
+def test_table1_adds_the_targeted_cells_final_backdoor_confidence_beside_the_papers():
+  from experiments import fedcc_tables as t
+  results = {t.cell_key("fang_median", "noniid", "cifar10", "fedcc_mmd"): {"value": 29.0, "rounds": 6, "epochs": 2}}
+  assert "backdoor confidence" not in t.table1(results)  # no targeted cell: the accuracy table alone
+  results[t.cell_key("targeted", "noniid", "cifar10", "fedcc_mmd")] = {
+      "value": 23.61, "rounds": 6, "epochs": 2, "backdoor_confidence_per_round": [0.1, 0.05, 0.0173]}
+  text = t.table1(results)
+  assert "| MMD | — / 63.39 | 29.00 / 40.90 | — / 69.69 | — / 32.27 | — / 70.85 | 23.61 / 50.51 |" in text
+  assert "| MMD | — / 1e-09 | 0.0173 / 9e-05 |" in text  # Table I's MMD row: IID 1e-09, NIID 9e-05
+  assert "| Linear CKA |" not in text.split("backdoor confidence")[1]  # rows without a targeted cell are left out
+  assert t.PAPER_FEDCC_BACKDOOR_CONFIDENCE == {"iid": 6e-07, "noniid": 0.0118}
+
+
 def test_table4_and_table5_cells_configure_the_paper_variants():
   from experiments import fedcc_tables as t
   import argparse
