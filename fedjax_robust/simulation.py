@@ -32,7 +32,7 @@ from fedjax_robust.data.dynamics import TrainSchedule, revealed_counts
 from fedjax_robust.execution import VmapStrategy, is_traceable, to_host
 from fedjax_robust.metrics import count_correct
 from fedjax_robust.metrics.evaluation import score_models
-from fedjax_robust.metrics.evaluators import EVALUATORS, accuracy_record, resolve_evaluators
+from fedjax_robust.metrics.evaluators import EVALUATORS, PURE_EVALUATORS, accuracy_record, resolve_evaluators
 from fedjax_robust.metrics.security import attack_success_rate, backdoor_confidence, detection_rates
 from fedjax_robust.models.interface import Model, as_model
 from fedjax_robust.round_context import RoundContext
@@ -341,7 +341,8 @@ class Simulator:
       return scores.correct[:, 0], scores.count[:, 0]
 
     self._eval_global_on_clients = jit(global_on_clients)
-    self._evaluate_raw = jit(self.evaluation_step) if is_traceable(self.strategy) else self.evaluation_step
+    self._evaluate_raw = (jit(self.evaluation_step) if is_traceable(self.strategy)
+                          else self._evaluation_step_per_evaluator())
 
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
@@ -410,6 +411,20 @@ class Simulator:
     :func:`fedjax_robust.run.make_run`); :meth:`evaluation_record` turns them into the logged metrics."""
     global_model = self.algorithm.global_params(state.server)
     return {name: EVALUATORS[name](self, state, global_model, inputs) for name in self.evaluators}
+
+  def _evaluation_step_per_evaluator(self) -> Callable[[SimState, RunInputs], dict]:
+    """:meth:`evaluation_step` for a strategy that is not traceable (``sequential``): each pure evaluator
+    (``register_evaluator(..., pure=True)``) is one program compiled at its first evaluation and reused after; the
+    others run as they are, on kernels compiled once (the strategy's per-client loop)."""
+    programs = {name: jit(functools.partial(EVALUATORS[name], self)) for name in self.evaluators
+                if name in PURE_EVALUATORS}
+
+    def step(state: SimState, inputs: RunInputs) -> dict:
+      global_model = self.algorithm.global_params(state.server)
+      return {name: programs[name](state, global_model, inputs) if name in programs
+              else EVALUATORS[name](self, state, global_model, inputs) for name in self.evaluators}
+
+    return step
 
   def evaluation_record(self, raw: dict, malicious: Optional[np.ndarray] = None) -> dict[str, Any]:
     """Host-side metrics from :meth:`evaluation_step`'s values (``malicious``: this run's attackers)."""

@@ -27,12 +27,24 @@ import numpy as np
 
 EvaluatorFn = Callable[[Any, Any, Any, Any], dict]
 EVALUATORS: dict[str, EvaluatorFn] = {}
+PURE_EVALUATORS: set[str] = set()
 
 
-def register_evaluator(name: str, fn: EvaluatorFn) -> None:
+def register_evaluator(name: str, fn: EvaluatorFn, *, pure: bool = False) -> None:
+  """Registers ``fn`` as evaluator ``name``.
+
+  ``pure``: ``fn`` calls only traceable code whatever the simulator's strategy (no host loop over clients, as
+  ``accuracy``'s per-client scoring has under ``sequential``). Where the strategy is not traceable the simulator
+  then still compiles ``fn`` once, as one program, and reuses it at every evaluation. Left eager, its loops
+  (``lax.scan`` / ``lax.map`` over fresh closures) would be compiled anew at every evaluation and the compiled code
+  never freed: a FedALC round on the CPU spent ~40 s recompiling its robust evaluation, and a grid process died
+  after four cells when XLA could map no more code.
+  """
   if name in EVALUATORS:
     raise ValueError(f"evaluator {name!r} is already registered")
   EVALUATORS[name] = fn
+  if pure:
+    PURE_EVALUATORS.add(name)
 
 
 def resolve_evaluators(names, has_backdoor: bool) -> tuple[str, ...]:
@@ -76,9 +88,9 @@ def _robust(sim, state, global_model, inputs) -> dict:
   return evaluate_robust(sim.model, global_model, *inputs.global_test, key, spec)
 
 
-register_evaluator("accuracy", _accuracy)
-register_evaluator("backdoor", _backdoor)
-register_evaluator("robust", _robust)
+register_evaluator("accuracy", _accuracy)  # per-client scoring follows the strategy (a host loop under sequential)
+register_evaluator("backdoor", _backdoor, pure=True)
+register_evaluator("robust", _robust, pure=True)
 
 
 def accuracy_record(raw: dict, benign, eval_models, client_metrics) -> dict:
