@@ -13,6 +13,16 @@ Prints compile and run seconds (median of ``--repeats`` calls) and the run-time 
 provenance.
 
   python benchmarks/robust_eval_cost.py --out benchmarks/results/robust_eval_cost_cpu2.json
+
+``--simulator DATA_DIR`` times instead one whole evaluation (``eval.metrics=accuracy,robust``) of FedALC's MNIST
+setting (``experiments/configs/fedalc_setting.py``, 600 training rows) as a simulator with the ``sequential``
+strategy (the CPU default for conv nets) runs it, ``--repeats`` times each way:
+
+* ``eager``: ``Simulator.evaluation_step`` called as it is, what the simulator did before commit 4c26717: the robust
+  evaluator's loops are compiled again at every call;
+* ``engine``: ``Simulator.evaluate``, where the robust evaluator is one program compiled at the first call.
+
+  python benchmarks/robust_eval_cost.py --simulator ../shared/data --out benchmarks/results/eval_reuse_cpu2.json
 """
 
 from __future__ import annotations
@@ -52,6 +62,32 @@ def time_robust_accuracy(attack, params, rows: int, batch_size: int, repeats: in
   return {"compile_s": compile_s, "run_s": statistics.median(times), "run_s_all": times, "correct": correct}
 
 
+def time_simulator_evaluation(data_dir: str, rows: int, batch_size: int, repeats: int) -> dict:
+  from fedjax_robust.execution import to_host
+  from fedjax_robust.experiment import build_experiment
+  from experiments.configs import fedalc_setting
+  config = fedalc_setting.get_config("mnist", "fedalc")
+  config.data.data_dir, config.data.pool_size, config.engine.strategy = data_dir, 600, "sequential"
+  config.eval.robust.examples, config.eval.robust.batch_size = rows, batch_size
+  exp = build_experiment(config)
+  sim, state = exp.simulator, exp.init_state()
+  ways = {"eager": lambda: sim.evaluation_record(to_host(sim.evaluation_step(state, sim.inputs))),
+          "engine": lambda: sim.evaluate(state)}
+  out = {}
+  for name, evaluate in ways.items():
+    times, values = [], None
+    for _ in range(repeats):
+      t = time.perf_counter()
+      values = evaluate()
+      times.append(time.perf_counter() - t)
+    out[name] = {"evaluation_s_all": times, "first_s": times[0], "later_s": statistics.median(times[1:] or times),
+                 "robust_acc_pgd": values["robust_acc_pgd"], "global_test_acc": values["global_test_acc"]}
+    print(f"{name}: first evaluation {times[0]:.1f} s, later ones {out[name]['later_s']:.1f} s (median)", flush=True)
+  out["eager_over_engine_later_s"] = out["eager"]["later_s"] / out["engine"]["later_s"]
+  print(f"later evaluations: eager / engine = {out['eager_over_engine_later_s']:.1f}x", flush=True)
+  return out
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--attacks", default="fgsm,bim,pgd,cw", help="names from eval.robust's attacks")
@@ -59,8 +95,17 @@ def main():
   parser.add_argument("--batch_size", type=int, default=500)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", default=None)
+  parser.add_argument("--simulator", metavar="DATA_DIR", default=None,
+                      help="time whole evaluations of FedALC's MNIST setting under the sequential strategy instead")
   args = parser.parse_args()
   import jax
+  if args.simulator:
+    result = {"mode": "simulator", "rows": args.rows, "batch_size": args.batch_size, "repeats": args.repeats,
+              "backend": jax.default_backend(), "cpu_count": os.cpu_count(), **grid.provenance(),
+              **time_simulator_evaluation(args.simulator, args.rows, args.batch_size, args.repeats)}
+    if args.out:
+      grid.store_json(args.out, result)
+    return
   from fedjax_robust import compilation
   from fedjax_robust.adversarial.evaluation import default_robust_eval_config, robust_eval_from_config
 
