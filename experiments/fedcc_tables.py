@@ -260,7 +260,7 @@ def fig4_figure(results: dict, path: Path) -> None:
     for d, ds, rule, curve in rows:
       if (d, ds) == (dist, dataset) and curve:
         ax.plot(range(1, len(curve) + 1), curve, label=RULES[rule], lw=2.2 if rule == "fedcc" else 1.1,
-                ls="-" if rule == "fedcc" else "--")
+                ls="-" if rule == "fedcc" else "--", color=f"C{list(RULES).index(rule)}")  # same colour per rule
     if dataset == "cifar10":  # the one number the paper gives: FedCC's final confidence (Table I)
       ax.axhline(PAPER_FEDCC_BACKDOOR_CONFIDENCE[dist], color="black", ls=":", lw=1,
                  label=f"paper: FedCC final ({PAPER_FEDCC_BACKDOOR_CONFIDENCE[dist]:g}, Table I)")
