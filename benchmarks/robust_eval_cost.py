@@ -18,7 +18,7 @@ provenance.
 setting (``experiments/configs/fedalc_setting.py``, 600 training rows) as a simulator with the ``sequential``
 strategy (the CPU default for conv nets) runs it, ``--repeats`` times each way:
 
-* ``eager``: ``Simulator.evaluation_step`` called as it is, what the simulator did before commit 4c26717: the robust
+* ``eager``: every registered evaluator called as it is, what the simulator did before commit 4c26717: the robust
   evaluator's loops are compiled again at every call;
 * ``engine``: ``Simulator.evaluate``, where the robust evaluator is one program compiled at the first call.
 
@@ -65,14 +65,16 @@ def time_robust_accuracy(attack, params, rows: int, batch_size: int, repeats: in
 def time_simulator_evaluation(data_dir: str, rows: int, batch_size: int, repeats: int) -> dict:
   from fedjax_robust.execution import to_host
   from fedjax_robust.experiment import build_experiment
+  from fedjax_robust.metrics.evaluators import EVALUATORS
   from experiments.configs import fedalc_setting
   config = fedalc_setting.get_config("mnist", "fedalc")
   config.data.data_dir, config.data.pool_size, config.engine.strategy = data_dir, 600, "sequential"
   config.eval.robust.examples, config.eval.robust.batch_size = rows, batch_size
   exp = build_experiment(config)
   sim, state = exp.simulator, exp.init_state()
-  ways = {"eager": lambda: sim.evaluation_record(to_host(sim.evaluation_step(state, sim.inputs))),
-          "engine": lambda: sim.evaluate(state)}
+  global_model = sim.algorithm.global_params(state.server)
+  eager = lambda: {name: EVALUATORS[name](sim, state, global_model, sim.inputs) for name in sim.evaluators}
+  ways = {"eager": lambda: sim.evaluation_record(to_host(eager())), "engine": lambda: sim.evaluate(state)}
   out = {}
   for name, evaluate in ways.items():
     times, values = [], None

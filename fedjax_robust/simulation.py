@@ -341,8 +341,11 @@ class Simulator:
       return scores.correct[:, 0], scores.count[:, 0]
 
     self._eval_global_on_clients = jit(global_on_clients)
-    self._evaluate_raw = (jit(self.evaluation_step) if is_traceable(self.strategy)
-                          else self._evaluation_step_per_evaluator())
+    evaluators = {name: functools.partial(EVALUATORS[name], self) for name in self.evaluators}
+    if not is_traceable(self.strategy):  # no whole evaluation program: each pure evaluator is one, compiled once
+      evaluators = {name: jit(fn) if name in PURE_EVALUATORS else fn for name, fn in evaluators.items()}
+    self._evaluators = evaluators
+    self._evaluate_raw = jit(self.evaluation_step) if is_traceable(self.strategy) else self.evaluation_step
 
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
@@ -408,23 +411,11 @@ class Simulator:
 
   def evaluation_step(self, state: SimState, inputs: RunInputs) -> dict:
     """The configured evaluators' device values, a pure function of ``(state, inputs)`` (traced inside
-    :func:`fedjax_robust.run.make_run`); :meth:`evaluation_record` turns them into the logged metrics."""
+    :func:`fedjax_robust.run.make_run`); :meth:`evaluation_record` turns them into the logged metrics. Under a
+    strategy that is not traceable each pure evaluator (``register_evaluator(..., pure=True)``) runs as its own
+    program, compiled at the first evaluation and reused after."""
     global_model = self.algorithm.global_params(state.server)
-    return {name: EVALUATORS[name](self, state, global_model, inputs) for name in self.evaluators}
-
-  def _evaluation_step_per_evaluator(self) -> Callable[[SimState, RunInputs], dict]:
-    """:meth:`evaluation_step` for a strategy that is not traceable (``sequential``): each pure evaluator
-    (``register_evaluator(..., pure=True)``) is one program compiled at its first evaluation and reused after; the
-    others run as they are, on kernels compiled once (the strategy's per-client loop)."""
-    programs = {name: jit(functools.partial(EVALUATORS[name], self)) for name in self.evaluators
-                if name in PURE_EVALUATORS}
-
-    def step(state: SimState, inputs: RunInputs) -> dict:
-      global_model = self.algorithm.global_params(state.server)
-      return {name: programs[name](state, global_model, inputs) if name in programs
-              else EVALUATORS[name](self, state, global_model, inputs) for name in self.evaluators}
-
-    return step
+    return {name: fn(state, global_model, inputs) for name, fn in self._evaluators.items()}
 
   def evaluation_record(self, raw: dict, malicious: Optional[np.ndarray] = None) -> dict[str, Any]:
     """Host-side metrics from :meth:`evaluation_step`'s values (``malicious``: this run's attackers)."""
