@@ -322,8 +322,12 @@ def setup_note(cells: list[dict], columns: list[tuple[str, str]]) -> str:
   missing = [d for d in DATASETS if any(c[0] == d for c in columns) and not any(
       _protocol_of(c)["dataset"] == d for c in cells)]
   if missing:
-    why = {d: " (no offline copy here; the loader is ready)" if d not in OFFLINE else "" for d in missing}
-    lines.append("Not run: " + ", ".join(f"{DATASETS[d]}{why[d]}" for d in missing) + ".")
+    offline = [DATASETS[d] for d in missing if d in OFFLINE]
+    absent = [DATASETS[d] for d in missing if d not in OFFLINE]
+    if offline:
+      lines.append("Not run: " + ", ".join(offline) + " (in ../shared/data; the grid's command runs it).")
+    if absent:
+      lines.append("Not run, no offline copy here (the loader is ready): " + ", ".join(absent) + ".")
   return " ".join(lines)
 
 

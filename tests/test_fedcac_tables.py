@@ -117,7 +117,8 @@ def test_table1_shows_ours_beside_the_paper_and_marks_reductions_and_missing_dat
   assert "| Separate | 86.00 / 85.85 ± 0.93 |" in table  # one seed: no ±
   assert "| FedCAC, before aggregation (ours only) | 91.00 ± 0.25 / — | not run / — |" in table
   assert "`*` = REDUCED" in table and "300 rounds (paper 500)" in table
-  assert "Not run: CIFAR-100, Tiny-ImageNet (no offline copy here; the loader is ready)." in table
+  assert "Not run: CIFAR-100 (in ../shared/data; the grid's command runs it)." in table
+  assert "Not run, no offline copy here (the loader is ready): Tiny-ImageNet." in table
   assert "Devices: NVIDIA H100." in table and "Wall time of these cells: 1.50 h." in table
   empty = t.table1({})
   assert "No cell has run yet." in empty and "| FedCAC | not run / 89.77 ± 1.14 |" in empty
