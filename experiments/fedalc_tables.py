@@ -267,6 +267,18 @@ def _robust_note(cfg: dict) -> str:
   return ", ".join(parts)
 
 
+def _calibration_note(cfg: dict) -> str:
+  """A FedALC cell's calibration options that differ from the spec's default (§1.4: ``inv_sqrt_freq`` on the class
+  axis, A1-A3, A21), so an ablation's table says which variant it ran."""
+  adversarial = cfg.get("adversarial", {})
+  if adversarial.get("objective") != "fedalc":
+    return ""
+  from fedjax_robust.adversarial.objectives import OBJECTIVES
+  ours = adversarial.get("fedalc", {})
+  return ", ".join(f"adversarial.fedalc.{key} = {ours[key]} (spec default {default})"
+                   for key, default in OBJECTIVES["fedalc"].options.items() if key in ours and ours[key] != default)
+
+
 def setup_note(cells: list[dict]) -> str:
   """Which runs the table's cells are, and which ± it shows."""
   runs = {}
@@ -275,8 +287,8 @@ def setup_note(cells: list[dict]) -> str:
     line = (f"{p['rounds']} rounds x E = {p['epochs']}"
             + (f" (REDUCED from the paper's {p['paper_rounds']} x {p['paper_epochs']})" if p["reduced"] else "")
             + f", mean over the evaluated rounds of the last {p['last_rounds']}, {n_seeds(cell)} seed(s)")
-    robust = _robust_note(cell.get("config", {}))
-    runs[line + (f"; {robust}" if robust else "")] = None
+    notes = [n for n in (_robust_note(cell.get("config", {})), _calibration_note(cell.get("config", {}))) if n]
+    runs[line + "".join(f"; {n}" for n in notes)] = None
   seeds = {n_seeds(c) > 1 for c in cells}
   std = []
   if False in seeds:

@@ -179,3 +179,17 @@ def test_cells_of_each_mode():
     t.cells_of("table1", ["cifar10"], [], ["fedalc"])
   assert t.paper_value("mnist", 0.1, "fedalc", "cw") == (41.41, 0.20)
   assert t.paper_value("cifar10", 5.0, "fedavg") == (64.18, 0.46) and t.paper_value("cifar10", 5.0, "natural") is None
+
+
+def test_setup_note_names_a_non_default_fedalc_calibration():
+  """An ablation cell (spec A1: ``eq5_literal``) says which calibration it ran; default and baseline cells do not."""
+  default = t.cell_config("mnist", 0.05, "fedalc", _args(seeds=""))
+  variant = t.cell_config("mnist", 0.05, "fedalc", _args(seeds="", set=[
+      "adversarial.fedalc.calib_variant=eq5_literal", "adversarial.fedalc.normalize=mean"]))
+  baseline = t.cell_config("mnist", 0.05, "fedavg", _args(seeds=""))
+  assert t._calibration_note(default.to_dict()) == "" and t._calibration_note(baseline.to_dict()) == ""
+  assert t._calibration_note(variant.to_dict()) == (
+      "adversarial.fedalc.calib_variant = eq5_literal (spec default inv_sqrt_freq), "
+      "adversarial.fedalc.normalize = mean (spec default none)")
+  note = t.setup_note([{**_cell(80.0, seeds=[0]), "config": variant.to_dict()}])
+  assert "calib_variant = eq5_literal (spec default inv_sqrt_freq)" in note
