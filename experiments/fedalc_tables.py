@@ -32,6 +32,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import grid  # noqa: E402
@@ -43,7 +45,8 @@ METHODS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedalc": "FedALC", "natura
 PAPER_METHODS = ("fedavg", "fedprox", "fedalc")
 # A cell's metrics: name -> the metrics.jsonl key (a fraction; cells store %). Table I's columns in the paper's order.
 METRICS = {"natural": "global_test_acc", "fgsm": "robust_acc_fgsm", "bim": "robust_acc_bim", "cw": "robust_acc_cw",
-           "pgd": "robust_acc_pgd", "robust_natural": "robust_natural_acc"}
+           "pgd": "robust_acc_pgd", "robust_natural": "robust_natural_acc",
+           "worst_class": "global_worst_class_acc"}  # with eval.metrics ...,class_accuracy (not a paper column)
 TABLE1_COLUMNS = {"natural": "Natural", "fgsm": "FGSM", "bim": "BIM", "cw": "CW", "pgd": "PGD"}
 TABLE1_DATASETS = ("mnist", "fmnist")
 TABLE1_ALPHAS = (0.05, 0.1, 0.5, 1.0)
@@ -165,8 +168,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def record_rows(rows: list[dict], config) -> dict:
   """A run's cell fields from its metrics.jsonl records: per metric its window mean (``<name>``, %) and window std
-  (``<name>_window_std``), ``value`` = natural accuracy, the window's rounds, ``protocol``, and ``curves``: every
-  evaluated round's metrics as logged (fractions), for the figures."""
+  (``<name>_window_std``), ``value`` = natural accuracy, the window's rounds, ``protocol``, ``curves``: every
+  evaluated round's metrics as logged (fractions), for the figures, and with the ``class_accuracy`` evaluator
+  ``class_acc``: each class's window mean (%)."""
   last_rounds = int(config.eval.last_rounds)
   cell: dict = {}
   for name, key in METRICS.items():
@@ -176,6 +180,11 @@ def record_rows(rows: list[dict], config) -> dict:
   if "natural" not in cell:
     raise KeyError("the run logged no global_test_acc in its last-rounds window")
   cell["value"] = cell["natural"]
+  in_window = set(window_rounds(rows, last_rounds, "global_class_acc"))
+  per_class = [r["global_class_acc"] for r in rows if r["round"] in in_window and "global_class_acc" in r]
+  if per_class:  # each class's window mean (%); None for a class without test rows
+    cell["class_acc"] = [None if np.isnan(col).all() else 100.0 * float(np.nanmean(col))
+                         for col in np.asarray(per_class, float).T]
   evaluated = [r for r in rows if "global_test_acc" in r]
   cell["window_rounds"] = window_rounds(rows, last_rounds)
   cell["curves"] = {"round": [int(r["round"]) for r in evaluated],

@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedjax_robust.config_files import load_module
@@ -193,3 +194,20 @@ def test_setup_note_names_a_non_default_fedalc_calibration():
       "adversarial.fedalc.normalize = mean (spec default none)")
   note = t.setup_note([{**_cell(80.0, seeds=[0]), "config": variant.to_dict()}])
   assert "calib_variant = eq5_literal (spec default inv_sqrt_freq)" in note
+
+
+def test_record_keeps_the_window_mean_of_each_class_and_the_worst_class():
+  """With ``eval.metrics=...,class_accuracy``: ``class_acc`` = each class's mean over the window's evaluated rounds
+  (None for a class without test rows), ``worst_class`` the window mean of the worst-class accuracy."""
+  rows = _rows()
+  per_class = {10: [0.5, 1.0, float("nan")], 11: [0.7, 0.8, float("nan")], 12: [0.9, 0.6, float("nan")],
+               5: [0.0, 0.0, float("nan")]}  # round 5 is outside the last-3 window
+  for row in rows:
+    if row["round"] in per_class:
+      row["global_class_acc"] = per_class[row["round"]]
+      row["global_worst_class_acc"] = float(np.nanmin(per_class[row["round"]]))
+  cell = t.record_rows(json.loads(json.dumps(rows)), _config())  # through JSON, as metrics.jsonl is read
+  assert cell["class_acc"][0] == pytest.approx(70.0) and cell["class_acc"][1] == pytest.approx(80.0)
+  assert cell["class_acc"][2] is None
+  assert cell["worst_class"] == pytest.approx(60.0)  # mean of 0.5, 0.7, 0.6
+  assert "class_acc" not in t.record_rows(_rows(), _config())

@@ -16,6 +16,10 @@ and come to the host once, when the round's record is written. ``global_model`` 
 * ``robust``: the global model's natural and robust accuracy under the attacks of ``eval.robust``
   (``robust_natural_acc``, ``robust_acc_fgsm``, ...; :mod:`fedjax_robust.adversarial.evaluation`).
 
+* ``class_accuracy``: the global model's accuracy on each class of the global test set
+  (``global_class_acc``, a list; ``nan`` for a class with no test row) and its worst class
+  (``global_worst_class_acc``): what a label-skewed federation costs the classes rare on their clients.
+
 ``auto`` (the default) is ``accuracy`` plus ``backdoor`` when the run has a backdoor.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax.numpy as jnp
 import numpy as np
 
 EvaluatorFn = Callable[[Any, Any, Any, Any], dict]
@@ -88,9 +93,21 @@ def _robust(sim, state, global_model, inputs) -> dict:
   return evaluate_robust(sim.model, global_model, *inputs.global_test, key, spec)
 
 
+def _class_accuracy(sim, state, global_model, inputs) -> dict:
+  del state
+  from fedjax_robust.metrics.accuracy import count_correct_per_class
+  if global_model is None:
+    raise ValueError("the class_accuracy evaluator scores the global model; this algorithm has none")
+  correct, count = count_correct_per_class(sim.apply_fn, global_model, *inputs.global_test,
+                                           batch_size=sim.eval_batch_size)
+  acc = jnp.where(count > 0, correct / jnp.maximum(count, 1), jnp.nan)
+  return {"global_class_acc": acc, "global_worst_class_acc": jnp.nanmin(acc)}
+
+
 register_evaluator("accuracy", _accuracy)  # per-client scoring follows the strategy (a host loop under sequential)
 register_evaluator("backdoor", _backdoor, pure=True)
 register_evaluator("robust", _robust, pure=True)
+register_evaluator("class_accuracy", _class_accuracy, pure=True)
 
 
 def accuracy_record(raw: dict, benign, eval_models, client_metrics) -> dict:
