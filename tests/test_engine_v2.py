@@ -116,6 +116,33 @@ def _plain_loop_fedavg_bn(data, model, variables, rounds, keep_bn_local, seed):
   return params, state, local
 
 
+def test_torch_batchnorm_running_statistics_by_hand():
+  """PyTorch's BatchNorm2d update over the real rows only: mean and the UNBIASED variance over the m real values
+  per channel (here 3 rows x 2 x 2 = 12), momentum 0.1; output normalised with the biased variance; a batch with
+  no real row changes nothing; evaluation uses the running statistics."""
+  from fedjax_robust.models.layers import TorchBatchNorm
+  bn = TorchBatchNorm(momentum=0.9, epsilon=1e-5)
+  x = np.asarray(jax.random.normal(jax.random.key(0), (4, 2, 2, 3)), np.float64) * 2.0 + 1.0
+  mask = np.array([True, True, True, False]).reshape(4, 1, 1, 1)
+  v = bn.init(jax.random.key(1), jnp.zeros((1, 2, 2, 3)))
+  assert jax.tree.map(np.shape, v) == {"params": {"scale": (3,), "bias": (3,)},
+                                       "batch_stats": {"mean": (3,), "var": (3,)}}  # flax's names
+  y, state = bn.apply(v, jnp.asarray(x, jnp.float32), use_running_average=False, mask=mask,
+                      mutable=["batch_stats"])
+  real = x[:3].reshape(-1, 3)
+  mean, biased, unbiased = real.mean(0), real.var(0), real.var(0, ddof=1)
+  np.testing.assert_allclose(state["batch_stats"]["mean"], 0.1 * mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(state["batch_stats"]["var"], 0.9 + 0.1 * unbiased, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(y)[:3], (x[:3] - mean) / np.sqrt(biased + 1e-5), rtol=1e-4, atol=1e-5)
+  _, unchanged = bn.apply(v, jnp.asarray(x, jnp.float32), use_running_average=False,
+                          mask=np.zeros((4, 1, 1, 1), bool), mutable=["batch_stats"])
+  np.testing.assert_array_equal(unchanged["batch_stats"]["var"], v["batch_stats"]["var"])
+  np.testing.assert_array_equal(unchanged["batch_stats"]["mean"], v["batch_stats"]["mean"])
+  stats = {"params": v["params"], "batch_stats": state["batch_stats"]}
+  y_eval = bn.apply(stats, jnp.asarray(x, jnp.float32), use_running_average=True)
+  np.testing.assert_allclose(y_eval, (x - 0.1 * mean) / np.sqrt(0.9 + 0.1 * unbiased + 1e-5), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("keep_bn_local", [False, True])
 def test_batchnorm_fedavg_and_fedbn_strategies_equal_plain_loop(keep_bn_local):
   data, model, variables = bn_setup()

@@ -358,11 +358,7 @@ def test_matches_pytorch(name, fling):
   np.testing.assert_allclose(logits, ref, rtol=1e-4, atol=1e-4)
   after = R.torch_state_dict_from_variables(state, layout="fling" if fling else "torchvision")
   new_sd = net.state_dict()
-  for k in after:
-    if k.endswith("running_mean"):
-      np.testing.assert_allclose(after[k], new_sd[k].numpy(), rtol=1e-4, atol=1e-5)
-  # running_var: PyTorch averages in the unbiased batch variance, flax the biased one (m = 4 * 16 * 16 at bn1).
-  m = 4 * 16 * 16
-  old = sd["bn1.running_var"]
-  np.testing.assert_allclose((new_sd["bn1.running_var"].numpy() - 0.9 * old),
-                             (after["bn1.running_var"] - 0.9 * old) * m / (m - 1), rtol=1e-4, atol=1e-6)
+  running = [k for k in after if k.endswith(("running_mean", "running_var"))]
+  assert len(running) >= 2 * (1 + sum(module.stage_sizes))
+  for k in running:  # both running statistics as PyTorch's, the variance with the unbiased batch variance
+    np.testing.assert_allclose(after[k], new_sd[k].numpy(), rtol=1e-4, atol=1e-5, err_msg=k)

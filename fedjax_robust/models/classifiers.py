@@ -37,9 +37,9 @@ each convolution. Its running statistics are the ``batch_stats`` collection
 mask)`` computes training batch statistics over the rows with ``mask`` True
 only (padded rows never enter them) and uses the running statistics when
 ``train=False``. Momentum 0.9 in flax's convention is PyTorch's
-``momentum=0.1``; eps 1e-5 as PyTorch. (PyTorch updates ``running_var`` with the
-unbiased batch variance, flax with the biased one: a difference of a factor
-``m / (m - 1)`` in the running variance's update over ``m`` real values.)
+``momentum=0.1``; eps 1e-5 and the running variance's update with the unbiased
+batch variance (``m / (m - 1)`` times the biased one over ``m`` real values) as
+PyTorch (``layers.TorchBatchNorm``; flax's ``nn.BatchNorm`` uses the biased one).
 See ``fedjax_robust/models/interface.py`` for the model interface.
 """
 
@@ -51,7 +51,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.models.layers import TorchConv, TorchDense
+from fedjax_robust.models.layers import TorchBatchNorm, TorchConv, TorchDense
 
 
 # How a max-pool is computed: "reduce_window" (flax's nn.max_pool), "reshape" (crop, reshape, max: the same values;
@@ -461,7 +461,7 @@ class BNCNN(nn.Module):
     for i, w in enumerate(self.widths):
       setattr(self, f"conv{i + 1}", TorchConv(int(w), (3, 3), padding=1, use_bias=False,
                                               init_scheme=self.init_scheme, impl=self.conv_impl))
-      setattr(self, f"bn{i + 1}", nn.BatchNorm(momentum=self.momentum, epsilon=self.epsilon))
+      setattr(self, f"bn{i + 1}", TorchBatchNorm(momentum=self.momentum, epsilon=self.epsilon))
     self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
 

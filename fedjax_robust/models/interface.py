@@ -17,7 +17,7 @@ aggregation rules and attacks see) plus non-trainable collections such as
 
 Why a mask: clients hold padded arrays (``DESIGN.md`` invariant 3), so a batch
 may contain padding rows. In training, BatchNorm computes its batch statistics
-over the real rows only (flax ``BatchNorm(mask=...)``), which is what a PyTorch
+over the real rows only (``layers.TorchBatchNorm(mask=...)``), which is what a PyTorch
 ``DataLoader`` loop that never sees the padding computes; the engine also
 selects the model state back on padded steps, like params and optimizer state.
 

@@ -29,7 +29,12 @@ bias). Everything is float32.
   but the CPU default strategy (``shard_map``, unrolled) was 3x slower
   (``benchmarks/README.md``, "Per-step latency"); on GPU it is unmeasured.
 
-Both run at the default matmul/conv precision (TF32 may be used on recent
+``TorchBatchNorm`` is PyTorch's ``BatchNorm2d`` / ``BatchNorm1d`` over the last (feature) axis with flax's
+names (params ``scale`` / ``bias``, ``batch_stats`` ``mean`` / ``var``), a row ``mask`` for padded batches,
+and PyTorch's running-variance update (the unbiased batch variance; flax's ``nn.BatchNorm`` averages in the
+biased one).
+
+Both convolution implementations run at the default matmul/conv precision (TF32 may be used on recent
 NVIDIA GPUs for either); they agree to float32 rounding under
 ``jax.default_matmul_precision('highest')``.
 """
@@ -165,3 +170,45 @@ class TorchConv(nn.Module):
       bias = self.param("bias", bias_init, (self.features,), jnp.float32)
       y = y + bias
     return y
+
+
+class TorchBatchNorm(nn.Module):
+  """Batch normalisation over every axis but the last, as PyTorch's ``BatchNorm{1,2}d`` in training and evaluation.
+
+  Training (``use_running_average=False``) normalises with the batch mean and biased variance of the values where
+  ``mask`` is True (``mask`` broadcastable to ``x``; padded rows never enter the statistics) and updates the running
+  statistics as PyTorch does: ``running = momentum * running + (1 - momentum) * batch`` with flax's ``momentum``
+  convention (0.9 = PyTorch's 0.1) and, for the variance, the *unbiased* batch variance ``var * m / (m - 1)`` over
+  the ``m`` real values per feature (FedCAC spec §3.3; flax's ``nn.BatchNorm`` uses the biased one, which at a batch
+  of 10 rows is a 10% smaller update). Evaluation uses the running statistics. A batch with no real value leaves
+  the running statistics unchanged (the engine's padded no-op steps).
+
+  Same variables as ``flax.linen.BatchNorm`` (``params``: ``scale`` 1, ``bias`` 0; ``batch_stats``: ``mean`` 0,
+  ``var`` 1, shape ``[features]``), so checkpoints and the torchvision converter are unchanged.
+  """
+
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+
+  @nn.compact
+  def __call__(self, x: jax.Array, use_running_average: bool = True, mask=None) -> jax.Array:
+    features = x.shape[-1]
+    scale = self.param("scale", nn.initializers.ones, (features,), jnp.float32)
+    bias = self.param("bias", nn.initializers.zeros, (features,), jnp.float32)
+    ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros((features,), jnp.float32))
+    ra_var = self.variable("batch_stats", "var", lambda: jnp.ones((features,), jnp.float32))
+    if use_running_average:
+      mean, var = ra_mean.value, ra_var.value
+    else:
+      axes = tuple(range(x.ndim - 1))
+      valid = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), x.shape)
+      count = jnp.sum(valid, axis=axes).astype(jnp.float32)
+      mean = jnp.sum(jnp.where(valid, x, 0.0), axis=axes) / jnp.maximum(count, 1.0)
+      var = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0), axis=axes) / jnp.maximum(count, 1.0)
+      if not self.is_initializing():
+        m = self.momentum
+        any_real = count > 0
+        unbiased = var * count / jnp.maximum(count - 1.0, 1.0)
+        ra_mean.value = jnp.where(any_real, m * ra_mean.value + (1.0 - m) * mean, ra_mean.value)
+        ra_var.value = jnp.where(any_real, m * ra_var.value + (1.0 - m) * unbiased, ra_var.value)
+    return (x - mean) * lax.rsqrt(var + self.epsilon) * scale + bias

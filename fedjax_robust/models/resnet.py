@@ -23,8 +23,8 @@ is 1x1 conv(s) + BN when the stride or the width changes, else the identity.
 BatchNorm, as ``BNCNN`` (``classifiers.py``): running statistics in the ``batch_stats`` collection
 (``state_collections``); ``train=True`` normalises with the batch statistics of the rows where
 ``mask`` is True (padding rows never enter them) and updates the running ones, ``train=False``
-uses the running ones. Flax momentum 0.9 = PyTorch momentum 0.1, eps 1e-5. (PyTorch updates
-``running_var`` with the unbiased batch variance, flax with the biased one.)
+uses the running ones. Flax momentum 0.9 = PyTorch momentum 0.1, eps 1e-5, and the running variance
+averages in the unbiased batch variance as PyTorch's (``layers.TorchBatchNorm``).
 
 Initialisation, ``conv_init``:
 
@@ -76,7 +76,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization, traverse_util
 
-from fedjax_robust.models.layers import (INIT_SCHEMES, TorchDense, _conv_padding,
+from fedjax_robust.models.layers import (INIT_SCHEMES, TorchBatchNorm, TorchDense, _conv_padding,
                                          check_conv_impl, conv_patches,
                                          torch_uniform_init)
 
@@ -121,7 +121,7 @@ class ResNetConv(nn.Module):
                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def _batch_norm(bn: nn.BatchNorm, x: jax.Array, train: bool, mask: Optional[jax.Array]) -> jax.Array:
+def _batch_norm(bn: TorchBatchNorm, x: jax.Array, train: bool, mask: Optional[jax.Array]) -> jax.Array:
   """``bn`` with batch statistics over the ``mask`` rows in training, running statistics otherwise."""
   if mask is not None:
     mask = jnp.broadcast_to(jnp.asarray(mask, bool).reshape((-1,) + (1,) * (x.ndim - 1)), x.shape)
@@ -130,16 +130,16 @@ def _batch_norm(bn: nn.BatchNorm, x: jax.Array, train: bool, mask: Optional[jax.
 
 def _norm_layer(norm: str, momentum: float, epsilon: float, num_groups: int,
                 name: Optional[str] = None) -> nn.Module:
-  """The normalisation layer ``norm`` names: 'batch' (``nn.BatchNorm``) or 'group' (``nn.GroupNorm``)."""
+  """The normalisation layer ``norm`` names: 'batch' (``layers.TorchBatchNorm``) or 'group' (``nn.GroupNorm``)."""
   if _check(norm, NORMS, "norm") == "batch":
-    return nn.BatchNorm(momentum=momentum, epsilon=epsilon, name=name)
+    return TorchBatchNorm(momentum=momentum, epsilon=epsilon, name=name)
   return nn.GroupNorm(num_groups=int(num_groups), epsilon=epsilon, name=name)
 
 
 def _apply_norm(layer: nn.Module, x: jax.Array, train: bool, mask: Optional[jax.Array]) -> jax.Array:
   """BatchNorm: :func:`_batch_norm` (masked batch statistics in training); GroupNorm normalises each row
   by itself (no state, the same in both modes), so ``train`` and ``mask`` do not matter to it."""
-  if isinstance(layer, nn.BatchNorm):
+  if isinstance(layer, TorchBatchNorm):
     return _batch_norm(layer, x, train, mask)
   return layer(x)
 
