@@ -123,7 +123,7 @@ def test_torch_batchnorm_running_statistics_by_hand():
   from fedjax_robust.models.layers import TorchBatchNorm
   bn = TorchBatchNorm(momentum=0.9, epsilon=1e-5)
   x = np.asarray(jax.random.normal(jax.random.key(0), (4, 2, 2, 3)), np.float64) * 2.0 + 1.0
-  mask = np.array([True, True, True, False]).reshape(4, 1, 1, 1)
+  mask = np.array([True, True, True, False])  # one flag per row
   v = bn.init(jax.random.key(1), jnp.zeros((1, 2, 2, 3)))
   assert jax.tree.map(np.shape, v) == {"params": {"scale": (3,), "bias": (3,)},
                                        "batch_stats": {"mean": (3,), "var": (3,)}}  # flax's names
@@ -135,7 +135,7 @@ def test_torch_batchnorm_running_statistics_by_hand():
   np.testing.assert_allclose(state["batch_stats"]["var"], 0.9 + 0.1 * unbiased, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(y)[:3], (x[:3] - mean) / np.sqrt(biased + 1e-5), rtol=1e-4, atol=1e-5)
   _, unchanged = bn.apply(v, jnp.asarray(x, jnp.float32), use_running_average=False,
-                          mask=np.zeros((4, 1, 1, 1), bool), mutable=["batch_stats"])
+                          mask=np.zeros(4, bool), mutable=["batch_stats"])
   np.testing.assert_array_equal(unchanged["batch_stats"]["var"], v["batch_stats"]["var"])
   np.testing.assert_array_equal(unchanged["batch_stats"]["mean"], v["batch_stats"]["mean"])
   stats = {"params": v["params"], "batch_stats": state["batch_stats"]}

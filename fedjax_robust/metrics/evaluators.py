@@ -30,6 +30,8 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_robust.metrics.accuracy import count_correct_per_class
+
 EvaluatorFn = Callable[[Any, Any, Any, Any], dict]
 EVALUATORS: dict[str, EvaluatorFn] = {}
 PURE_EVALUATORS: set[str] = set()
@@ -95,7 +97,6 @@ def _robust(sim, state, global_model, inputs) -> dict:
 
 def _class_accuracy(sim, state, global_model, inputs) -> dict:
   del state
-  from fedjax_robust.metrics.accuracy import count_correct_per_class
   if global_model is None:
     raise ValueError("the class_accuracy evaluator scores the global model; this algorithm has none")
   correct, count = count_correct_per_class(sim.apply_fn, global_model, *inputs.global_test,

@@ -470,11 +470,9 @@ class BNCNN(nn.Module):
     return self.fc_dim
 
   def features(self, x: jax.Array, train: bool = False, mask: Optional[jax.Array] = None) -> jax.Array:
-    row_mask = None if mask is None else jnp.asarray(mask, bool).reshape((-1, 1, 1, 1))
     for i in range(len(self.widths)):
       x = getattr(self, f"conv{i + 1}")(x)
-      x = getattr(self, f"bn{i + 1}")(x, use_running_average=not train,
-                                      mask=None if row_mask is None else jnp.broadcast_to(row_mask, x.shape))
+      x = getattr(self, f"bn{i + 1}")(x, use_running_average=not train, mask=mask)
       x = _pool(nn.relu(x))
     return nn.relu(self.fc1(_flatten(x)))
 

@@ -175,8 +175,8 @@ class TorchConv(nn.Module):
 class TorchBatchNorm(nn.Module):
   """Batch normalisation over every axis but the last, as PyTorch's ``BatchNorm{1,2}d`` in training and evaluation.
 
-  Training (``use_running_average=False``) normalises with the batch mean and biased variance of the values where
-  ``mask`` is True (``mask`` broadcastable to ``x``; padded rows never enter the statistics) and updates the running
+  Training (``use_running_average=False``) normalises with the batch mean and biased variance of the rows where
+  ``mask`` is True (``mask``: ``[B]`` bool, one flag per row of ``x``; padded rows never enter the statistics) and updates the running
   statistics as PyTorch does: ``running = momentum * running + (1 - momentum) * batch`` with flax's ``momentum``
   convention (0.9 = PyTorch's 0.1) and, for the variance, the *unbiased* batch variance ``var * m / (m - 1)`` over
   the ``m`` real values per feature (FedCAC spec §3.3; flax's ``nn.BatchNorm`` uses the biased one, which at a batch
@@ -201,7 +201,8 @@ class TorchBatchNorm(nn.Module):
       mean, var = ra_mean.value, ra_var.value
     else:
       axes = tuple(range(x.ndim - 1))
-      valid = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(jnp.asarray(mask, bool), x.shape)
+      valid = jnp.ones(x.shape, bool) if mask is None else jnp.broadcast_to(
+          jnp.asarray(mask, bool).reshape((-1,) + (1,) * (x.ndim - 1)), x.shape)
       count = jnp.sum(valid, axis=axes).astype(jnp.float32)
       mean = jnp.sum(jnp.where(valid, x, 0.0), axis=axes) / jnp.maximum(count, 1.0)
       var = jnp.sum(jnp.where(valid, jnp.square(x - mean), 0.0), axis=axes) / jnp.maximum(count, 1.0)

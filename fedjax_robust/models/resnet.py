@@ -123,8 +123,6 @@ class ResNetConv(nn.Module):
 
 def _batch_norm(bn: TorchBatchNorm, x: jax.Array, train: bool, mask: Optional[jax.Array]) -> jax.Array:
   """``bn`` with batch statistics over the ``mask`` rows in training, running statistics otherwise."""
-  if mask is not None:
-    mask = jnp.broadcast_to(jnp.asarray(mask, bool).reshape((-1,) + (1,) * (x.ndim - 1)), x.shape)
   return bn(x, use_running_average=not train, mask=mask)
 
 
