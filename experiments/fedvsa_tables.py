@@ -226,13 +226,11 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
              and not parse_key(k)[4] and not k.endswith(FULL)}
     if not cells:
       continue
-    targets = next(iter(cells.values()))["targets"]
     columns = [p for p in partitions if any(key[0] == p for key in cells)]
     head = " | ".join(f"{p} @{int(round(100 * t))}% #R ours / paper | S↑ ours / paper" for p in columns
                       for t in (cells_target(cells, p, 0), cells_target(cells, p, 1)))
     lines += [f"**{title} — {dataset}**", "", f"| Method | {head} |",
               "|---" * (1 + 2 * len(columns) * 2) + "|"]
-    del targets
     for method in METHODS:
       if not any((p, method) in cells for p in columns):
         continue
@@ -248,7 +246,21 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
           row += [f"{ours} / {_fmt_rounds(ref, 1000)}", f"{s_ours} / {_speedup(ref, ref_vsa)}"]
       lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
     lines.append("")
+    lines += accuracy_rows(cells, columns)
   return "\n".join(lines) + "\n" + _reduced_note(results)
+
+
+def accuracy_rows(cells: dict, columns) -> list[str]:
+  """Global test accuracy at the last round run / mean over its last 10 rounds, per method and partition: what a
+  cell says when neither target is reached (the paper's Tables 3-4 report rounds only)."""
+  lines = ["Accuracy % at the last round run / mean of the last 10 rounds (ours; not in the paper's table):", "",
+           "| Method | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
+  for method in METHODS:
+    if any((p, method) in cells for p in columns):
+      row = ["—" if (p, method) not in cells else f"{cells[p, method]['value']:.2f} / {cells[p, method]['last10']:.2f}"
+             for p in columns]
+      lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
+  return lines + [""]
 
 
 def cells_target(cells: dict, partition: str, i: int) -> float:
