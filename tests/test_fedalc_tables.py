@@ -211,3 +211,27 @@ def test_record_keeps_the_window_mean_of_each_class_and_the_worst_class():
   assert cell["class_acc"][2] is None
   assert cell["worst_class"] == pytest.approx(60.0)  # mean of 0.5, 0.7, 0.6
   assert "class_acc" not in t.record_rows(_rows(), _config())
+
+
+def test_class_exposure_weights_by_hand_and_its_table():
+  """experiments/fedalc_class_exposure.py: a class's own weight is the geometric mean of w_{y} over its rows. One
+  client, rows [0, 0, 0, 1] in one batch of 4: w_0 = sqrt(4/3), w_1 = sqrt(4/1) = 2 (spec §1.4); an absent class
+  has no rows (reported as 1). Two clients: class 0 alone in its batches (w = 1) on one, 2 of 4 on the other
+  (w = sqrt(2)): geometric mean over its 4 + 2 rows = 2 ** (2 / 12)."""
+  x = load_module(Path(__file__).resolve().parents[1] / "experiments" / "fedalc_class_exposure.py")
+  np.testing.assert_allclose(x.own_weights(np.array([[3, 1, 0]]), 4, {}), [math.sqrt(4 / 3), 2.0, 1.0], rtol=1e-6)
+  np.testing.assert_allclose(x.own_weights(np.array([[4, 0], [2, 2]]), 4, {})[0], 2 ** (2 / 12), rtol=1e-6)
+  # eq5_literal weighs a class by n_j / sqrt(N): 3 / 2 and 1 / 2.
+  np.testing.assert_allclose(x.own_weights(np.array([[3, 1]]), 4, {"calib_variant": "eq5_literal"}), [1.5, 0.5],
+                             rtol=1e-6)
+  assert x.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+  assert x.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+  stored = {"mnist__a0.1": {"histograms": [[3, 1], [0, 4]], "own_weight": [1.15, 1.5], "largest_holder": [0, 1],
+                            "fedavg_class_acc": [90.0, 80.0], "fedalc_class_acc": [85.0, 81.0],
+                            "calibration": {}, "batch_size": 4, "epochs_averaged": 1},
+            "provenance": {"commit": "x"}}
+  table = x.table(stored)
+  assert "**mnist, α = 0.1** (calibration inv_sqrt_freq, batch 4)" in table
+  assert "| 0 | 3 | client 0: 3 / 4 | 1.15 | 90.0 | 85.0 | -5.0 |" in table
+  assert "| 1 | 5 | client 1: 4 / 4 | 1.50 | 80.0 | 81.0 | +1.0 |" in table
+  assert "Spearman rank correlation of own weight with Δ: +1.00." in table
