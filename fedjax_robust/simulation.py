@@ -319,7 +319,8 @@ class Simulator:
       prepare, finish = jit(self._prepare), jit(self._finish)
 
       def round_fn(state, inputs: RunInputs):
-        prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious)
+        prep = self._attacker_weights(prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious),
+                                      inputs)
         return finish(state, prep, self._client_outputs(prep, inputs), inputs)
 
       self._round = round_fn
@@ -350,8 +351,18 @@ class Simulator:
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
     :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
-    prep = self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious)
+    prep = self._attacker_weights(self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious),
+                                  inputs)
     return self._finish(state, prep, self._client_outputs(prep, inputs), inputs)
+
+  def _attacker_weights(self, prep: _Prepared, inputs: RunInputs) -> _Prepared:
+    """With a client-side attack whose data replaces the attacker's own (``malicious_weight``), the cohort's
+    attackers weigh what that data holds in sample-weighted aggregation, not their partition slot's count."""
+    weigh = self.algorithm.malicious_weight
+    if not self.attack_slots or weigh is None:
+      return prep
+    n = jnp.asarray(weigh(inputs.attack_data), prep.weights.dtype)
+    return prep._replace(weights=jnp.where(inputs.malicious[prep.cohort], n, prep.weights))
 
   def _client_outputs(self, prep: _Prepared, inputs: RunInputs) -> ClientOutput:
     """Every cohort client's ``client_update``; with a client-side attack, the cohort's attackers' outputs come

@@ -50,7 +50,7 @@ def test_every_method_names_a_registered_algorithm_and_rule():
 def test_attack_and_dynamics_variants():
   c = config("mnist", "sigma300,median,attack")
   assert (c.attack.name, c.attack.params.factor, c.attack.client.name, c.attack.clients) == (
-      "scaling", 30.0, "flipped_training", "0")
+      "scaling", None, "flipped_training", "0")  # γ = m^t, the cohort size (spec A13)
   assert (c.sampler.name, c.sampler.forced, c.sampler.exclusive, c.rounds, c.eval.stop_at) == (
       "forced", "10:0,25:0,50:0", True, 60, 0.0)
   d = config("fmnist", "dir0.1,fedvsa,fresh0.3")

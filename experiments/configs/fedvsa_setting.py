@@ -150,7 +150,8 @@ def get_config(dataset: str, arg: str = "sigma900"):
   c.server.root_dataset_size = 2000 if algorithm == "fedvsa" else 200
   if attack:
     c.attack.name, c.attack.clients, c.attack.fields = "scaling", "0", "delta"
-    c.attack.params = ml_collections.ConfigDict({"factor": 30.0})  # γ = 1/p̂ = m^t (spec A13)
+    # γ = 1/p̂ = m^t (spec A13): factor None boosts by the round's number of uploads, 30 in the paper's cohorts.
+    c.attack.params = ml_collections.ConfigDict({"factor": None})
     c.attack.client.name = "flipped_training"  # |D|/K IID rows, labels (y+1) mod 10, E epochs
     c.sampler.name = "forced"
     c.sampler.forced = ",".join(f"{r}:0" for r in ATTACK_ROUNDS)

@@ -38,6 +38,10 @@ are unchanged):
   client-side attack such as FedCC's backdoor training); the engine runs it for
   the cohort's attackers only, in a fixed number of slots, with the attack's data
   (``RunInputs.attack_data``), and keeps ``client_update``'s output for everyone else.
+  ``malicious_weight(attack_data) -> n`` (optional): the attackers' sample count in
+  the aggregation weights when the attack's data replaces their own (FedVSA's
+  model-replacement adversary holds only its flipped sample); ``None`` keeps the
+  count of their own partition.
 * ``uses_malicious=True`` (with ``uses_client_ids``): ``broadcast(server_state,
   client_ids, malicious)`` also gets the run's ``[K]`` attacker mask, for
   algorithms whose clients act out the attack inside the client kernel (FedCAP's
@@ -111,3 +115,4 @@ class FedAlgorithm(NamedTuple):
   uses_context: bool = False
   uses_malicious: bool = False
   malicious_update: Optional[Callable] = None
+  malicious_weight: Optional[Callable] = None

@@ -276,7 +276,8 @@ def make_fedavg(
     malicious_update = lambda payload, client_state, data, attack_data, key: client_update(
         payload, client_state, data, key, attack_data)
   return FedAlgorithm(name, init_server, init_client, broadcast, client_update, server_update, global_params,
-                      personal_params, uses_context=True, malicious_update=malicious_update)
+                      personal_params, uses_context=True, malicious_update=malicious_update,
+                      malicious_weight=None if client_attack is None else client_attack.weight)
 
 
 def make_local(model: Model | ApplyFn, client_opt: optax.GradientTransformation, spec: LocalTrainSpec,

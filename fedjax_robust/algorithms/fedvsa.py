@@ -340,4 +340,4 @@ def make_fedvsa(
 
   return FedAlgorithm("fedvsa", init_server, inner.init_client, lambda state: inner.broadcast(state.server),
                       client_update, server_update, global_params, personal_params, uses_context=True,
-                      malicious_update=malicious_update)
+                      malicious_update=malicious_update, malicious_weight=inner.malicious_weight)

@@ -11,7 +11,7 @@ procedure as one pure function; the engine runs it for the cohort's malicious me
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -31,9 +31,13 @@ MakeData = Callable[[Any, int], tuple]
 
 
 class ClientAttack(NamedTuple):
+  """``weight(attack_data) -> n``: the attacker's sample count in sample-weighted aggregation when the attack's
+  data replaces its own (an adversary that holds only the attack data, FedVSA's model replacement); ``None``: the
+  count of its own partition, like an honest client (FedCC's backdoor trains on its own data too)."""
   name: str
   train: ClientTrain
   make_data: MakeData
+  weight: Optional[Callable[[ClientData], jax.Array]] = None
 
 
 def backdoor_training(epochs: int = 6, lr: float = 5e-3, weight_decay: float = 5e-3,
@@ -81,6 +85,7 @@ def flipped_training(epochs: int = 0, samples: int = 0, **unused) -> ClientAttac
   """FedVSA's model-replacement adversary (spec §2, A13): it trains ``w_p`` from the global model on an IID sample
   of the pooled training data whose labels are flipped ``y -> (y + 1) mod C`` (the authors' ``DatasetSplit_Fake``),
   so the target model is wrong on every class; boosting it by ``γ = 1/p̂ = m^t`` is the ``scaling`` upload attack.
+  The adversary's data is this sample only, so its weight in sample-weighted aggregation is the sample's size.
   ``samples``: rows of the sample (0 = the mean client size, ``|D| / K``: 600 for MNIST at K = 100);
   ``epochs``: its local epochs (0 = the clients' ``E``), with the clients' optimizer and batch size.
   FedVSA reports the downloaded model's loss on this flipped data (honest on poisoned data)."""
@@ -104,7 +109,9 @@ def flipped_training(epochs: int = 0, samples: int = 0, **unused) -> ClientAttac
     flipped = (np.asarray(data.y_train[k, i]) + 1) % int(data.num_classes)
     return ClientData(np.asarray(data.x_train[k, i]), flipped.astype(np.int32), np.int32(size)), None
 
-  return ClientAttack("flipped_training", train, make_data)
+  # The adversary holds only this sample: sample-weighted rules weigh it by the sample's size (spec §2: |D| / K
+  # rows, an average client), not by whatever partition its client slot was dealt.
+  return ClientAttack("flipped_training", train, make_data, weight=lambda attack_data: attack_data.n)
 
 
 CLIENT_ATTACKS = {"none": None, "backdoor_training": backdoor_training, "flipped_training": flipped_training}
