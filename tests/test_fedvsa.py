@@ -348,6 +348,10 @@ def test_option_validation():
 def test_flipped_training_data_is_an_iid_sample_with_shifted_labels():
   from types import SimpleNamespace
   from fedjax_robust.attacks.client_attacks import flipped_training
+  # The adversary holds this sample only: FedVSA (through its FedAvg core) weighs it by the sample's size.
+  model, _ = _tiny_model()
+  alg = make_fedvsa(model, optax.sgd(0.1), SPEC, num_clients=4, cohort_size=2, client_attack=flipped_training())
+  assert int(alg.malicious_weight(ClientData(None, None, np.int32(394)))) == 394
   y = np.arange(40).reshape(4, 10) % 10
   data = SimpleNamespace(num_clients=4, n_train=np.array([10, 10, 8, 10]), y_train=y,
                          x_train=np.arange(40.0).reshape(4, 10, 1), num_classes=10)
