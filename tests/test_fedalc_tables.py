@@ -235,3 +235,19 @@ def test_class_exposure_weights_by_hand_and_its_table():
   assert "| 0 | 3 | client 0: 3 / 4 | 1.15 | 90.0 | 85.0 | -5.0 |" in table
   assert "| 1 | 5 | client 1: 4 / 4 | 1.50 | 80.0 | 81.0 | +1.0 |" in table
   assert "Spearman rank correlation of own weight with Δ: +1.00." in table
+
+
+def test_label_shift_check_moves_real_labels_only_and_reads_accuracy_by_digit():
+  """experiments/fedalc_label_permutation_check.py: real rows' labels move to (y + shift) mod C, padding rows keep
+  0, the global test set moves too; digit d's accuracy is read off output unit (d + shift) mod C."""
+  from fedjax_robust.data.federated import FederatedData
+  x = load_module(Path(__file__).resolve().parents[1] / "experiments" / "fedalc_label_permutation_check.py")
+  y = np.array([[9, 1, 0], [3, 0, 0]], np.int32)
+  data = FederatedData("toy", 10, np.zeros((2, 3, 1)), y, np.array([2, 1]), np.zeros((2, 3, 1)), y.copy(),
+                       np.array([3, 1]), np.zeros((2, 1)), np.array([9, 4], np.int32))
+  moved = x.shift_labels(data, 1)
+  np.testing.assert_array_equal(moved.y_train, [[0, 2, 0], [4, 0, 0]])
+  np.testing.assert_array_equal(moved.y_test, [[0, 2, 1], [4, 0, 0]])
+  np.testing.assert_array_equal(moved.y_global_test, [0, 5])
+  by_index = [float(i) for i in range(10)]  # unit i scored i%
+  assert x.digit_accuracy(by_index, 1)[9] == 0.0 and x.digit_accuracy(by_index, 1)[0] == 1.0
