@@ -242,18 +242,26 @@ class Simulator:
       return inputs.train
     return inputs.train._replace(n=revealed_counts(inputs.train.n, inputs.train_schedule, fl_round))
 
-  def _prepare(self, state: SimState, train: ClientData, malicious: Optional[jax.Array] = None) -> _Prepared:
+  def _prepare(self, state: SimState, train: ClientData, malicious: Optional[jax.Array] = None,
+               attack_data: Optional[ClientData] = None) -> _Prepared:
+    """The round's cohort, payload, data, keys and aggregation weights (sample counts). With a client-side attack
+    whose data replaces the attacker's own (``malicious_weight``, given ``attack_data``), the cohort's attackers
+    weigh what that data holds, not their partition slot's count."""
     cohort_key, client_key, aux_key, server_key = round_keys(state.key, state.round)
+    malicious = self._malicious_dev if malicious is None else malicious
     mask_fn = self.algorithm.sampling_mask
     cohort = self.sampler.sample(cohort_key, state.round, self.num_clients, self.cohort_size,
                                  None if mask_fn is None else mask_fn(state.server),
-                                 malicious=None if self.malicious is None else (
-                                     self._malicious_dev if malicious is None else malicious))
+                                 malicious=None if self.malicious is None else malicious)
     data = _gather(train, cohort)
     client_keys = jax.vmap(lambda c: jax.random.fold_in(client_key, c))(cohort)
-    payload = self._broadcast(state.server, cohort, self._malicious_dev if malicious is None else malicious)
-    return _Prepared(cohort, payload, _gather(state.clients, cohort), data, client_keys,
-                     data.n.astype(jnp.float32), aux_key, server_key)
+    payload = self._broadcast(state.server, cohort, malicious)
+    weights = data.n.astype(jnp.float32)
+    weigh = self.algorithm.malicious_weight
+    if self.attack_slots and weigh is not None and attack_data is not None:
+      weights = jnp.where(malicious[cohort], jnp.asarray(weigh(attack_data), weights.dtype), weights)
+    return _Prepared(cohort, payload, _gather(state.clients, cohort), data, client_keys, weights, aux_key,
+                     server_key)
 
   def _broadcast(self, server: PyTree, client_ids: jax.Array, malicious: jax.Array) -> PyTree:
     """The payload: one tree for everyone, or ``(shared, per_client [C, ...])`` for ``uses_client_ids``
@@ -319,8 +327,7 @@ class Simulator:
       prepare, finish = jit(self._prepare), jit(self._finish)
 
       def round_fn(state, inputs: RunInputs):
-        prep = self._attacker_weights(prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious),
-                                      inputs)
+        prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
         return finish(state, prep, self._client_outputs(prep, inputs), inputs)
 
       self._round = round_fn
@@ -351,18 +358,8 @@ class Simulator:
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
     :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
-    prep = self._attacker_weights(self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious),
-                                  inputs)
+    prep = self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
     return self._finish(state, prep, self._client_outputs(prep, inputs), inputs)
-
-  def _attacker_weights(self, prep: _Prepared, inputs: RunInputs) -> _Prepared:
-    """With a client-side attack whose data replaces the attacker's own (``malicious_weight``), the cohort's
-    attackers weigh what that data holds in sample-weighted aggregation, not their partition slot's count."""
-    weigh = self.algorithm.malicious_weight
-    if not self.attack_slots or weigh is None:
-      return prep
-    n = jnp.asarray(weigh(inputs.attack_data), prep.weights.dtype)
-    return prep._replace(weights=jnp.where(inputs.malicious[prep.cohort], n, prep.weights))
 
   def _client_outputs(self, prep: _Prepared, inputs: RunInputs) -> ClientOutput:
     """Every cohort client's ``client_update``; with a client-side attack, the cohort's attackers' outputs come

@@ -90,7 +90,7 @@ def test_an_attacker_holding_only_the_attack_data_is_weighted_by_its_size():
   alg = make_fedavg(apply_fn, optax.sgd(0.1), SPEC, client_attack=attack)
   sim = Simulator(alg, data, apply_fn, make_strategy("vmap"), malicious=mal, attack_data=attack_data)
   state = sim.init(params, 0)
-  prep = sim._attacker_weights(sim._prepare(state, sim.train, sim.inputs.malicious), sim.inputs)
+  prep = sim._prepare(state, sim.train, sim.inputs.malicious, sim.inputs.attack_data)
   expected = np.where(mal, int(attack_data.n), data.n_train)[np.asarray(prep.cohort)]
   np.testing.assert_array_equal(np.asarray(prep.weights), expected)
   uploads = sim._client_outputs(prep, sim.inputs).upload["delta"]
