@@ -80,6 +80,8 @@ class _Prepared(NamedTuple):
 
 
 TRAIN_STREAM, EVAL_STREAM = 0, 1
+# Folded into a round's client and server keys for the review phase (``client_report`` / ``server_review``).
+REVIEW_STREAM = 1
 
 
 def round_keys(run_key: jax.Array, round_index) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -186,6 +188,10 @@ class Simulator:
       if algorithm.uses_client_ids:
         raise ValueError("client-side attacks run on algorithms with one broadcast payload (the FedAvg family)")
       self.attack_slots = min(int(self.malicious.sum()), self.cohort_size)
+    if (algorithm.client_report is None) != (algorithm.server_review is None):
+      raise ValueError("a review phase needs both client_report and server_review (algorithms/base.py)")
+    if algorithm.server_review is not None and algorithm.uses_client_ids:
+      raise ValueError("a review phase runs on algorithms with one broadcast payload (the FedAvg family)")
     place = getattr(self.strategy, "place_clients", None)
     if place is not None:  # shard the per-client data over the mesh under shard_map (identity otherwise)
       self.train, self.test = place(self.train), place(self.test)
@@ -291,7 +297,35 @@ class Simulator:
     malicious = None if self.malicious is None else inputs.malicious[prep.cohort]
     return RoundContext(state.round, prep.cohort, malicious, prep.weights, global_params, inputs.server_data)
 
-  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput, inputs: RunInputs):
+  def _client_reports(self, prep: _Prepared, inputs: RunInputs) -> PyTree:
+    """Every cohort client's ``client_report`` on the payload it received (the review phase); the cohort's
+    attackers report ``malicious_report`` instead, in the attack slots as in :meth:`_client_outputs`. Each client's
+    key is its training key folded with :data:`REVIEW_STREAM`, so reporting draws nothing from training's keys."""
+    alg = self.algorithm
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, REVIEW_STREAM))(prep.client_keys)
+    reports = self.strategy.map(alg.client_report, (None, 0, 0, 0), prep.payload, prep.client_states, prep.data,
+                                keys)
+    if not self.attack_slots:
+      return reports
+    report_bad = alg.malicious_report or (lambda payload, st, data, attack_data, key: alg.client_report(
+        payload, st, attack_data, key))
+    return self._in_attack_slots(reports, report_bad, prep, inputs, keys)
+
+  def _review(self, state: SimState, prep: _Prepared, reports: PyTree, inputs: RunInputs):
+    """The server's review of the cohort's reports (``server_review``): the reviewed state, the round's payload
+    broadcast again from it (the cohort trains from what the review left), and the review's diagnostics."""
+    fields = getattr(self.upload_transform, "fields", ())
+    if isinstance(reports, dict) and set(fields) & set(reports):
+      raise ValueError(f"the upload attack poisons {sorted(set(fields) & set(reports))}, which clients report in "
+                       "the review phase, where upload attacks do not act; attack the training phase's fields only")
+    context = self.round_context(state, prep, inputs)
+    server, diagnostics = self.algorithm.server_review(state.server, reports, prep.weights,
+                                                       jax.random.fold_in(prep.server_key, REVIEW_STREAM), context)
+    payload = self._broadcast(server, prep.cohort, inputs.malicious)
+    return state._replace(server=server), prep._replace(payload=payload), diagnostics
+
+  def _finish(self, state: SimState, prep: _Prepared, out: ClientOutput, inputs: RunInputs,
+              review: Optional[dict] = None):
     uploads = out.upload
     context = self.round_context(state, prep, inputs)
     if self.upload_transform is not None:
@@ -308,6 +342,7 @@ class Simulator:
         "train_loss": _step_weighted_mean(out.metrics["loss"], steps),
         "local_steps": jnp.sum(steps),
         "cohort": prep.cohort,
+        **(review or {}),
         **diagnostics,
     }
     if self.malicious is not None:
@@ -324,11 +359,14 @@ class Simulator:
     if is_traceable(self.strategy):
       self._round = jit(self.round_step)
     else:
-      prepare, finish = jit(self._prepare), jit(self._finish)
+      prepare, review, finish = jit(self._prepare), jit(self._review), jit(self._finish)
 
       def round_fn(state, inputs: RunInputs):
         prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
-        return finish(state, prep, self._client_outputs(prep, inputs), inputs)
+        reviewed = None
+        if self.algorithm.server_review is not None:
+          state, prep, reviewed = review(state, prep, self._client_reports(prep, inputs), inputs)
+        return finish(state, prep, self._client_outputs(prep, inputs), inputs, reviewed)
 
       self._round = round_fn
     self._eval_clients = self._build_client_eval()
@@ -359,7 +397,10 @@ class Simulator:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
     :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
     prep = self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
-    return self._finish(state, prep, self._client_outputs(prep, inputs), inputs)
+    reviewed = None
+    if self.algorithm.server_review is not None:
+      state, prep, reviewed = self._review(state, prep, self._client_reports(prep, inputs), inputs)
+    return self._finish(state, prep, self._client_outputs(prep, inputs), inputs, reviewed)
 
   def _client_outputs(self, prep: _Prepared, inputs: RunInputs) -> ClientOutput:
     """Every cohort client's ``client_update``; with a client-side attack, the cohort's attackers' outputs come
@@ -367,15 +408,19 @@ class Simulator:
     out = self._map_clients(prep)
     if not self.attack_slots:
       return out
+    return self._in_attack_slots(out, self.algorithm.malicious_update, prep, inputs, prep.client_keys)
+
+  def _in_attack_slots(self, honest: PyTree, attacker_fn: Callable, prep: _Prepared, inputs: RunInputs,
+                       keys: jax.Array) -> PyTree:
+    """``honest`` (stacked over the cohort) with the cohort's attackers' rows replaced by ``attacker_fn(payload,
+    client_state, data, attack_data, key)``, run in ``attack_slots`` fixed slots (unused slots change nothing)."""
     mal = inputs.malicious[prep.cohort]
     pos = jnp.nonzero(mal, size=self.attack_slots, fill_value=0)[0]
     used = jnp.arange(self.attack_slots) < jnp.sum(mal)
-    bad = self.strategy.map(self.algorithm.malicious_update, (None, 0, 0, None, 0), prep.payload,
-                            _gather(prep.client_states, pos), _gather(prep.data, pos), inputs.attack_data,
-                            prep.client_keys[pos])
-
+    bad = self.strategy.map(attacker_fn, (None, 0, 0, None, 0), prep.payload, _gather(prep.client_states, pos),
+                            _gather(prep.data, pos), inputs.attack_data, keys[pos])
     target = jnp.where(used, pos, prep.cohort.shape[0])  # unused slots point past the cohort: dropped
-    return jax.tree.map(lambda honest, attacked: honest.at[target].set(attacked, mode="drop"), out, bad)
+    return jax.tree.map(lambda h, attacked: h.at[target].set(attacked, mode="drop"), honest, bad)
 
   def run_round(self, state: SimState) -> tuple[SimState, dict]:
     """One federated round; returns the new state and device-side scalar metrics."""

@@ -287,6 +287,43 @@ def test_skipping_the_repairing_round_drops_its_updates_trained_from_the_poisone
   assert not bool(jnp.any(state.cache.kept))  # the next audit has no history
 
 
+def test_retrain_repairs_the_global_model_in_the_review_before_the_cohort_trains():
+  """``repaired_round="retrain"``: the review of round 2's reports (losses of the model the cohort downloaded)
+  flags the attacker and removes its weighted share from w^t before anyone trains; the cohort's updates (trained
+  from the repaired model) are then aggregated on it, with the flagged client, sampled again, left out."""
+  model, params, server, alg = _server_fixture(repaired_round="retrain")
+  assert alg.server_review is not None and alg.client_report is not None
+  state, d1, good, bad = _poisoned_round(alg, params, server, malicious=[False, False, True])
+  assert "audit_alarm" not in d1  # the audit runs in the review only
+  w_t = state.server.params
+  reviewed, r = alg.server_review(state, {"loss": jnp.full(3, 5.0)}, jnp.ones(3), jax.random.key(2),
+                                  _context([4, 2, 3], server))
+  assert bool(r["audit_alarm"]) and bool(r["repaired"]) and int(r["shapley_flagged_attackers"]) == 1
+  repaired = jax.tree.map(lambda w, b: w - d1["aggregation_weights"][2] * b, w_t, bad)
+  for a, b in zip(jax.tree.leaves(reviewed.server.params), jax.tree.leaves(repaired)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(reviewed.excluded, [False, False, False, False, True])
+  half = jax.tree.map(lambda a: 0.5 * a, good)
+  state, d2 = alg.server_update(reviewed, {"delta": _stack(bad, half, half), "loss": jnp.array([0.3, 0.4, 0.4])},
+                                jnp.ones(3), jax.random.key(3), context=_context([4, 2, 3], server))
+  assert "audit_alarm" not in d2 and "shapley_values" not in d2
+  np.testing.assert_array_equal(d2["flagged"], [True, False, False])
+  np.testing.assert_allclose(d2["aggregation_weights"], [0.0, 0.5, 0.5])
+  expected = jax.tree.map(jnp.add, repaired, half)
+  for a, b in zip(jax.tree.leaves(state.server.params), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  assert not bool(jnp.any(state.excluded))  # the exclusion lasts one round (no blacklist)
+  # The cache is this round's, taken from the repaired model: recon(all) is the new global model.
+  for a, b in zip(jax.tree.leaves(recon(state.cache, state.cache.weights)), jax.tree.leaves(state.server.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # A quiet review changes nothing.
+  quiet, r3 = alg.server_review(state, {"loss": jnp.full(3, 0.1)}, jnp.ones(3), jax.random.key(4),
+                                _context([0, 1, 2], server))
+  assert not bool(r3["audit_alarm"]) and not bool(r3["repaired"])
+  for a, b in zip(jax.tree.leaves(quiet.server.params), jax.tree.leaves(state.server.params)):
+    np.testing.assert_array_equal(a, b)
+
+
 def test_reaggregate_hotfix_gives_the_kept_clients_reconstruction():
   model, params, server, alg = _server_fixture(hotfix="reaggregate")
   losses1 = jnp.array([0.7, 0.9, 2.0])
@@ -339,7 +376,8 @@ def test_shapley_step_refuses_a_run_without_server_data():
 def test_option_validation():
   model, _ = _tiny_model()
   for bad in ({"clip_mode": "max"}, {"detection": "sometimes"}, {"temperature": 0.0}, {"hotfix": "undo"},
-              {"audit_quorum": 0.0}, {"inference_reduction": "median"}, {"repaired_round": "later"}):
+              {"audit_quorum": 0.0}, {"inference_reduction": "median"}, {"repaired_round": "later"},
+              {"repaired_round": "retrain", "detection": "no_shapley"}):
     with pytest.raises(ValueError, match="fedvsa"):
       make_fedvsa(model, optax.sgd(0.1), SPEC, num_clients=4, cohort_size=2, **bad)
 
@@ -420,6 +458,51 @@ def test_model_replacement_drop_and_recovery_end_to_end(tmp_path):
   avg = {r["round"]: r["global_test_acc"] for r in _records(tmp_path / "avg")}
   assert avg[6] == pytest.approx(acc[6], abs=0.05) and avg[7] < 0.2
   assert avg[8] < acc[8] - 0.3  # FedAvg needs several rounds (Fig. 3)
+
+
+@pytest.mark.fast_compiles
+def test_retrain_round_repairs_before_training_and_equals_between_vmap_and_sequential(tmp_path):
+  """The two-phase round end to end (the review phase of the engine): at round 8 the cohort reports the poisoned
+  model's losses, the review repairs it, and the cohort trains from the repaired model, so round 8 is back at
+  round 6's accuracy; the sequential strategy runs the same review and lands on the same model."""
+  from fedjax_robust.experiment import build_experiment, run_experiment
+  run_experiment(_e2e_config(**{"algorithm.fedvsa.repaired_round": "retrain"}), tmp_path / "retrain")
+  rec = {r["round"]: r for r in _records(tmp_path / "retrain")}
+  acc = {t: r["global_test_acc"] for t, r in rec.items()}
+  assert acc[7] < 0.2 and rec[8]["audit_alarm"] and rec[8]["repaired"]
+  assert rec[8]["shapley_flagged_attackers"] == 1 and not any(rec[t]["repaired"] for t in range(1, 8))
+  assert acc[8] > acc[6] - 0.03
+  finals = []
+  for strategy in ("vmap", "sequential"):
+    exp = build_experiment(_e2e_config(**{"algorithm.fedvsa.repaired_round": "retrain", "rounds": 2,
+                                          "engine.strategy": strategy, "sampler.forced": "1:0",
+                                          "algorithm.fedvsa.detection": "no_audit"}))
+    state = exp.init_state()
+    logs = []
+    for _ in range(2):
+      state, metrics = exp.simulator.run_round(state)
+      logs.append(metrics)
+    finals.append((state.server.server.params, logs))
+  (pa, la), (pb, lb) = finals
+  for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(la[1]["review_loss"], lb[1]["review_loss"], rtol=1e-4)
+  np.testing.assert_allclose(la[1]["shapley_values"], lb[1]["shapley_values"], atol=1e-5)
+  assert bool(la[1]["repaired"]) == bool(lb[1]["repaired"]) and bool(la[1]["repaired"])
+
+
+def test_review_phase_refuses_an_upload_attack_on_the_reported_loss_and_a_half_defined_review():
+  """Upload attacks act on the training phase's uploads; a loss attack would miss the review's reports, where the
+  audit reads them, so the engine says so instead of running an attack that silently does nothing there."""
+  from fedjax_robust.experiment import build_experiment
+  from fedjax_robust.simulation import Simulator
+  exp = build_experiment(_e2e_config(**{"algorithm.fedvsa.repaired_round": "retrain", "attack.fields": "delta,loss"}))
+  with pytest.raises(ValueError, match="review phase"):
+    exp.simulator.run_round(exp.init_state())
+  sim = exp.simulator
+  with pytest.raises(ValueError, match="client_report and server_review"):
+    Simulator(sim.algorithm._replace(client_report=None), exp.data, sim.model, cohort_size=6,
+              malicious=sim.malicious, attack_data=sim.attack_data, server_data=sim.server_data)
 
 
 def _no_attack_config(strategy: str, detection: str, root_rows: int):

@@ -42,6 +42,15 @@ are unchanged):
   the aggregation weights when the attack's data replaces their own (FedVSA's
   model-replacement adversary holds only its flipped sample); ``None`` keeps the
   count of their own partition.
+* ``client_report`` / ``server_review`` (optional, together): a review phase at the start of the round, before
+  anyone trains. Every cohort client runs ``client_report(payload, client_state, data, key) -> report`` on the
+  payload it received (cheap: FedVSA's inference loss of the downloaded model); the server reads the stacked
+  reports with ``server_review(server_state, reports, weights, key, context) -> (server_state, diagnostics)`` and
+  may change its state (FedVSA repairs a global model its audit finds poisoned); the round's payload is then
+  broadcast from the reviewed state, so the cohort trains from it, and ``server_update`` gets the reviewed state.
+  ``malicious_report(payload, client_state, data, attack_data, key)`` is what an attacker reports instead (with
+  ``malicious_update``; default: ``client_report`` on its own data). Upload attacks (``upload_transform``) act on
+  the uploads of the training phase, not on the reports.
 * ``uses_malicious=True`` (with ``uses_client_ids``): ``broadcast(server_state,
   client_ids, malicious)`` also gets the run's ``[K]`` attacker mask, for
   algorithms whose clients act out the attack inside the client kernel (FedCAP's
@@ -116,3 +125,6 @@ class FedAlgorithm(NamedTuple):
   uses_malicious: bool = False
   malicious_update: Optional[Callable] = None
   malicious_weight: Optional[Callable] = None
+  client_report: Optional[Callable] = None
+  server_review: Optional[Callable] = None
+  malicious_report: Optional[Callable] = None

@@ -42,7 +42,13 @@ updates ``w_k^t − w^{t−1}``, losses, weights and the model ``w^{t−1}`` the
    boosted attack left that model far off (huge weights, losses in the hundreds), those updates are large
    corrections of the wrong model and carry the damage into the repaired one. ``repaired_round="skip"`` drops them:
    the round's model is the repaired previous one, at the cost of that round's training (and of the next audit,
-   which then has no history). Measured in ``experiments/results/fedvsa.md`` (Fig. 3).
+   which then has no history). ``repaired_round="retrain"`` is the two-phase reading of the paper's "the hotfix
+   will be integrated into [...] the local training-based model": the round opens with the engine's review phase
+   (``client_report`` / ``server_review``, ``algorithms/base.py``), in which the cohort reports the downloaded
+   model's loss, the server runs the audit and Shapley step on those reports and repairs the global model, and
+   the cohort then trains from the repaired model (its training-phase loss, of the repaired model, sets the
+   weights). It costs one more eval pass of the clients' data per round. Measured in
+   ``experiments/results/fedvsa.md`` (Fig. 3).
 
 Ablations (Fig. 5): ``detection="off"`` (aggregation only, Tables 3-9), ``"no_audit"`` (Shapley every round
 once there is a history), ``"no_shapley"`` (the audit is logged, nothing is repaired, spec A14).
@@ -80,7 +86,7 @@ DETECTION = ("full", "off", "no_audit", "no_shapley")
 AUDIT_REFERENCES = ("prev_round_max", "running_max_all_history", "per_client_last")
 FLAG_RULES = ("lt0", "le0")
 HOTFIX = ("subtract", "reaggregate")
-REPAIRED_ROUND = ("aggregate", "skip")
+REPAIRED_ROUND = ("aggregate", "skip", "retrain")
 
 
 def _choice(name: str, value: str, allowed) -> str:
@@ -145,6 +151,7 @@ class FedVSAState(NamedTuple):
   loss_max: jax.Array  # the largest loss ever kept (audit_reference=running_max_all_history)
   last_loss: jax.Array  # [K] each client's last kept report, NaN before its first (per_client_last)
   blacklist: jax.Array  # [K] bool
+  excluded: jax.Array  # [K] bool: flagged by this round's review, left out of its aggregation (retrain)
 
 
 def make_fedvsa(
@@ -203,6 +210,10 @@ def make_fedvsa(
   k_total, c_slots = int(num_clients), int(cohort_size)
   cached = detection != "off"
   repairs = detection in ("full", "no_audit")
+  reviews = repaired_round == "retrain"
+  if reviews and not repairs:
+    raise ValueError(f"fedvsa: repaired_round='retrain' repairs before training; detection={detection!r} "
+                     "does not repair (use full or no_audit)")
   exact = c_slots <= int(shapley_exact_max)
   inner = make_fedavg(model, client_opt, spec, server_opt, mu=mu, persist_client_opt_state=persist_client_opt_state,
                       name="fedvsa", client_attack=client_attack)
@@ -229,7 +240,7 @@ def make_fedvsa(
       cache = Cache(params, server.model_state, stack(params), stack(server.model_state), zeros_c, no, zeros_c,
                     jnp.zeros((c_slots,), jnp.int32), no, jnp.zeros((), bool))
     return FedVSAState(server, cache, jnp.asarray(-jnp.inf, jnp.float32), jnp.full((k_total,), jnp.nan, jnp.float32),
-                       jnp.zeros((k_total,), bool))
+                       jnp.zeros((k_total,), bool), jnp.zeros((k_total,), bool))
 
   def coalition_values(cache: Cache, masks: jax.Array, server_data: ClientData) -> jax.Array:
     """Accuracy on the server data of every coalition's model, ``[M]`` for ``masks`` ``[M, C]``."""
@@ -266,6 +277,55 @@ def make_fedvsa(
     last = state.last_loss[cohort]
     return loss_audit(losses, reporting, last, audit_quorum, has_reference=jnp.isfinite(last))
 
+  def detect(state: FedVSAState, losses, reporting, cohort, key, context: Optional[RoundContext]):
+    """The audit of this round's reports and, when it fires, the Shapley values of last round's kept clients and
+    the hotfix: ``(state, correction, flagged_k, diagnostics)``, ``correction`` the model-space repair of the
+    current global model and ``flagged_k`` ([K] bool) the clients flagged (to leave out of this round)."""
+    cache = state.cache
+    alarm, n_up = audit(state, losses, reporting, cohort)
+    if detection == "no_audit":
+      alarm = cache.has & jnp.any(cache.kept)
+    diagnostics = dict(audit_alarm=alarm, audit_exceedances=n_up)
+    correction = jax.tree.map(jnp.zeros_like, state.server.params)
+    if not repairs:
+      return state, correction, jnp.zeros((k_total,), bool), diagnostics
+    if context is None or context.server_data is None:
+      raise ValueError("fedvsa: the Shapley step scores coalition models on server-held data; give the run "
+                       "server data (server.root_dataset_size > 0)")
+    phi = jax.lax.cond(alarm, lambda: shapley_values(cache, context.server_data, key),
+                       lambda: jnp.zeros((c_slots,), jnp.float32))
+    bad = (phi < -flag_eps) if flag_rule == "lt0" else (phi <= flag_eps)
+    flagged_prev = alarm & cache.kept & bad
+    if hotfix == "subtract":
+      correction = jax.tree.map(lambda h: -tau * h, weighted_sum(jnp.where(flagged_prev, cache.weights, 0.0),
+                                                                 cache.deltas))
+    else:
+      clean = split_variables(recon(cache, weights_of(cache.losses, cache.kept & ~flagged_prev)))[0]
+      correction = jax.tree.map(lambda a, w: jnp.where(jnp.any(flagged_prev), tau * (a - w), 0.0), clean,
+                                state.server.params)
+    flagged_k = jnp.zeros((k_total,), bool).at[jnp.where(flagged_prev, cache.ids, k_total)].set(True, mode="drop")
+    diagnostics.update(shapley_values=phi, shapley_flagged=flagged_prev, shapley_ids=cache.ids,
+                       num_shapley_flagged=jnp.sum(flagged_prev).astype(jnp.int32),
+                       shapley_flagged_attackers=jnp.sum(flagged_prev & cache.malicious).astype(jnp.int32),
+                       shapley_flagged_benign=jnp.sum(flagged_prev & ~cache.malicious).astype(jnp.int32))
+    if blacklist:
+      state = state._replace(blacklist=state.blacklist | flagged_k)
+    return state, correction, flagged_k, diagnostics
+
+  def server_review(state: FedVSAState, reports, weights, key, context: Optional[RoundContext] = None):
+    """``repaired_round="retrain"``: the detection on the reports of the model the cohort downloaded, before it
+    trains. A repair is applied to the global model here (directly, not through the server optimizer), so the
+    cohort trains from the repaired model; the clients flagged are left out of this round's aggregation."""
+    losses = jnp.asarray(reports["loss"], jnp.float32)
+    c = weights.shape[0]
+    cohort = jnp.arange(c) if context is None else context.cohort
+    reporting = (weights > 0) & jnp.isfinite(losses)
+    state, correction, flagged_k, diagnostics = detect(state, losses, reporting, cohort, key, context)
+    server = state.server
+    repaired = server._replace(params=jax.tree.map(jnp.add, server.params, correction))
+    diagnostics.update(review_loss=losses, repaired=jnp.any(flagged_k))
+    return state._replace(server=repaired, excluded=flagged_k), diagnostics
+
   def server_update(state: FedVSAState, uploads, weights, key, context: Optional[RoundContext] = None):
     server = state.server
     deltas, losses = uploads["delta"], jnp.asarray(uploads["loss"], jnp.float32)
@@ -277,40 +337,14 @@ def make_fedvsa(
     kept = reporting & ~state.blacklist[cohort]
     diagnostics = {}
     correction = jax.tree.map(jnp.zeros_like, server.params)
-    cache = state.cache
-    if cached:
-      alarm, n_up = audit(state, losses, reporting, cohort)
-      if detection == "no_audit":
-        alarm = cache.has & jnp.any(cache.kept)
-      diagnostics.update(audit_alarm=alarm, audit_exceedances=n_up)
-    if repairs:
-      if context is None or context.server_data is None:
-        raise ValueError("fedvsa: the Shapley step scores coalition models on server-held data; give the run "
-                         "server data (server.root_dataset_size > 0)")
-      phi = jax.lax.cond(alarm, lambda: shapley_values(cache, context.server_data, key),
-                         lambda: jnp.zeros((c_slots,), jnp.float32))
-      bad = (phi < -flag_eps) if flag_rule == "lt0" else (phi <= flag_eps)
-      flagged_prev = alarm & cache.kept & bad
-      if hotfix == "subtract":
-        correction = jax.tree.map(lambda h: -tau * h, weighted_sum(jnp.where(flagged_prev, cache.weights, 0.0),
-                                                                   cache.deltas))
-      else:
-        clean = split_variables(recon(cache, weights_of(cache.losses, cache.kept & ~flagged_prev)))[0]
-        correction = jax.tree.map(lambda a, w: jnp.where(jnp.any(flagged_prev), tau * (a - w), 0.0), clean,
-                                  server.params)
-      # This round: flagged clients sampled again are left out (and, with a blacklist, for good).
-      flagged_ids = jnp.where(flagged_prev, cache.ids, -1)
-      kept &= ~jnp.any(cohort[:, None] == flagged_ids[None, :], axis=1)
-      blacklisted = state.blacklist.at[jnp.where(flagged_prev, cache.ids, k_total)].set(True, mode="drop")
-      diagnostics.update(shapley_values=phi, shapley_flagged=flagged_prev, shapley_ids=cache.ids,
-                         num_shapley_flagged=jnp.sum(flagged_prev).astype(jnp.int32),
-                         shapley_flagged_attackers=jnp.sum(flagged_prev & cache.malicious).astype(jnp.int32),
-                         shapley_flagged_benign=jnp.sum(flagged_prev & ~cache.malicious).astype(jnp.int32))
-      if blacklist:
-        state = state._replace(blacklist=blacklisted)
+    flagged_k = state.excluded  # retrain: what this round's review flagged (none otherwise)
+    if cached and not reviews:
+      state, correction, flagged_k, diagnostics = detect(state, losses, reporting, cohort, key, context)
+    # This round: flagged clients sampled again are left out (and, with a blacklist, for good).
+    kept &= ~flagged_k[cohort]
     excluded = (weights > 0) & ~kept  # non-finite, flagged last round, blacklisted: what detection rates count
-    if repairs and repaired_round == "skip":  # this round's updates started from the model just found poisoned
-      kept &= ~jnp.any(flagged_prev)
+    if repaired_round == "skip":  # this round's updates started from the model just found poisoned
+      kept &= ~jnp.any(flagged_k)
     p = weights_of(losses, kept)
     clean_deltas = zero_rows(deltas, kept)
     mean_delta = jax.tree.map(jnp.add, weighted_sum(p, clean_deltas), correction)
@@ -320,7 +354,7 @@ def make_fedvsa(
       states = zero_rows(uploads["model_state"], kept)
       new_server = new_server._replace(model_state=mean_model_state(states, p, server.model_state))
     safe_losses = jnp.where(kept, losses, 0.0)
-    new_state = state._replace(server=new_server)
+    new_state = state._replace(server=new_server, excluded=jnp.zeros_like(state.excluded))
     if cached:
       malicious = jnp.zeros((c,), bool) if context is None or context.malicious is None else context.malicious
       new_state = new_state._replace(
@@ -338,6 +372,12 @@ def make_fedvsa(
   def personal_params(payload, client_state, data, key):
     return inner.personal_params(payload, client_state, data, key)
 
+  review = {}
+  if reviews:  # the clients report the downloaded model's loss before training; the attacker on its own data
+    review = dict(client_report=lambda payload, client_state, data, key: {"loss": report(payload, data)},
+                  malicious_report=lambda payload, client_state, data, attack_data, key: {
+                      "loss": report(payload, attack_data)},
+                  server_review=server_review)
   return FedAlgorithm("fedvsa", init_server, inner.init_client, lambda state: inner.broadcast(state.server),
                       client_update, server_update, global_params, personal_params, uses_context=True,
-                      malicious_update=malicious_update, malicious_weight=inner.malicious_weight)
+                      malicious_update=malicious_update, malicious_weight=inner.malicious_weight, **review)

@@ -390,7 +390,8 @@ register_algorithm("fedvsa", _build_fedvsa, aggregates=False, supports_client_at
     "hotfix": "subtract",  # subtract tau * flagged weighted updates | reaggregate (recon of the kept clients)
     "tau": 1.0,
     "blacklist": False,  # flagged clients are left out for the rest of the run
-    "repaired_round": "aggregate",  # aggregate (paper) | skip: drop the repairing round's updates (fedvsa.py)
+    # aggregate (paper) | skip: drop the repairing round's updates | retrain: repair before training (fedvsa.py)
+    "repaired_round": "aggregate",
     "mu": 0.0,  # FedProx's proximal term in the local rule (Table 9's plug-in)
 })
 
