@@ -25,8 +25,8 @@ from benchmarks.seeds_vmap import load_config  # noqa: E402
 from experiments import grid  # noqa: E402
 
 
-def time_rounds(exp, rounds: int) -> tuple[float, float, object]:
-  """(warm-up round seconds incl. compilation, seconds per timed round, final state)."""
+def time_rounds(exp, rounds: int) -> tuple[float, float, object, dict]:
+  """(warm-up round seconds incl. compilation, seconds per timed round, final state, last round's metrics)."""
   import jax
   sim = exp.simulator
   state = exp.init_state()
@@ -38,7 +38,7 @@ def time_rounds(exp, rounds: int) -> tuple[float, float, object]:
   for _ in range(rounds):
     state, metrics = sim.run_round(state)
   jax.block_until_ready((state, metrics))
-  return first, (time.perf_counter() - t0) / rounds, state
+  return first, (time.perf_counter() - t0) / rounds, state, metrics
 
 
 def main():
@@ -66,7 +66,7 @@ def main():
       config.eval.metrics = "accuracy"
       grid.apply_overrides(config, args.set)
       exp = build_experiment(config)
-      first, per_round, state = time_rounds(exp, args.rounds)
+      first, per_round, state, _ = time_rounds(exp, args.rounds)
       result["pairs"][f"{objective}/{strategy}"] = {"first_round_s": first, "round_s": per_round,
                                                    "rounds_per_s": 1.0 / per_round}
       print(f"{objective:>8s} {strategy:>10s}: first round {first:7.1f} s, then {per_round:7.2f} s/round "

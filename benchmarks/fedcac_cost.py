@@ -186,7 +186,7 @@ def rounds_part(config_spec: str, strategies, rounds: int, overrides) -> dict:
       config.engine.strategy = strategy
       grid.apply_overrides(config, overrides)
       exp = build_experiment(config)
-      first, per_round, _ = time_rounds(exp, rounds)
+      first, per_round, _, _ = time_rounds(exp, rounds)
       out[f"{method}/{strategy}"] = {"first_round_s": first, "round_s": per_round, "rounds_per_s": 1.0 / per_round}
       print(f"{method:>7s} {strategy:>10s}: first round {first:7.1f} s, then {per_round:7.2f} s/round "
             f"({1.0 / per_round:.3f} rounds/s)", flush=True)

@@ -9,6 +9,8 @@ E local epochs, B = 10) with the reductions given by ``--set``, then runs one wa
 ``algorithm.fedvsa.detection=no_audit`` (normally it runs only in rounds whose loss audit fires: Table 10's
 point); its utility scores every coalition model on ``server.root_dataset_size`` test rows. The baseline is FedAvg
 under the same engine strategy; ``--strategies vmap,sequential`` also gives the vmap/sequential ratio.
+``fedvsa_retrain_quiet`` is the two-phase round (``repaired_round=retrain``: the review phase's extra inference pass
+before training) in rounds whose audit does not fire.
 
   python benchmarks/fedvsa_cost.py --set data.data_dir=../shared/data --set data.pool_size=6000 \\
       --set client.epochs=1 --set server.root_dataset_size=500 --out benchmarks/results/fedvsa_cost_cpu2.json
@@ -33,6 +35,11 @@ VARIANTS = {
     "fedavg": ("fedavg", {}),
     "fedvsa_no_detection": ("fedvsa", {"detection": "off"}),
     "fedvsa_shapley_every_round": ("fedvsa", {"detection": "no_audit"}),
+    # The two-phase round (repaired_round=retrain) in rounds whose audit stays quiet: the review phase's extra
+    # inference pass and the audit, no Shapley step (an alarm would need every report above the largest loss ever
+    # kept; the cell records whether one fired).
+    "fedvsa_retrain_quiet": ("fedvsa", {"repaired_round": "retrain", "audit_reference": "running_max_all_history",
+                                        "audit_quorum": 1.0}),
 }
 
 
@@ -79,7 +86,7 @@ def main():
       for variant in args.variants.split(","):
         config = variant_config(args, variant, cohort, strategy)
         exp = build_experiment(config)
-        first, per_round, _ = time_rounds(exp, args.rounds)
+        first, per_round, _, metrics = time_rounds(exp, args.rounds)
         models = 2 ** cohort if cohort <= args.exact_max else args.permutations * (cohort + 1)
         cell = {"cohort": cohort, "strategy": strategy, "variant": variant, "first_round_s": first,
                 "s_per_round": per_round, "rounds_per_s": 1.0 / per_round,
@@ -87,6 +94,8 @@ def main():
                 "shapley_mode": ("exact" if cohort <= args.exact_max else "tmc") if variant.endswith("round") else "",
                 "num_clients": int(config.data.num_clients), "server_rows": int(config.server.root_dataset_size),
                 "backend": jax.default_backend()}
+        if "audit_alarm" in metrics:
+          cell["last_round_audit_alarm"] = bool(metrics["audit_alarm"])
         if variant == "fedavg":
           base = per_round
         if base is not None:
