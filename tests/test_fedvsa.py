@@ -465,27 +465,16 @@ def test_retrain_round_repairs_before_training_and_equals_between_vmap_and_seque
   """The two-phase round end to end (the review phase of the engine): at round 8 the cohort reports the poisoned
   model's losses, the review repairs it, and the cohort trains from the repaired model, so round 8 is back at
   round 6's accuracy; the sequential strategy runs the same review and lands on the same model."""
-  from fedjax_robust.experiment import build_experiment, run_experiment
+  from fedjax_robust.experiment import run_experiment
   run_experiment(_e2e_config(**{"algorithm.fedvsa.repaired_round": "retrain"}), tmp_path / "retrain")
   rec = {r["round"]: r for r in _records(tmp_path / "retrain")}
   acc = {t: r["global_test_acc"] for t, r in rec.items()}
   assert acc[7] < 0.2 and rec[8]["audit_alarm"] and rec[8]["repaired"]
   assert rec[8]["shapley_flagged_attackers"] == 1 and not any(rec[t]["repaired"] for t in range(1, 8))
   assert acc[8] > acc[6] - 0.03
-  finals = []
-  for strategy in ("vmap", "sequential"):
-    exp = build_experiment(_e2e_config(**{"algorithm.fedvsa.repaired_round": "retrain", "rounds": 2,
-                                          "engine.strategy": strategy, "sampler.forced": "1:0",
-                                          "algorithm.fedvsa.detection": "no_audit"}))
-    state = exp.init_state()
-    logs = []
-    for _ in range(2):
-      state, metrics = exp.simulator.run_round(state)
-      logs.append(metrics)
-    finals.append((state.server.server.params, logs))
-  (pa, la), (pb, lb) = finals
-  for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
-    np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+  la, lb = _vmap_and_sequential_agree(lambda strategy: _e2e_config(**{
+      "algorithm.fedvsa.repaired_round": "retrain", "rounds": 2, "engine.strategy": strategy,
+      "sampler.forced": "1:0", "algorithm.fedvsa.detection": "no_audit"}))
   np.testing.assert_allclose(la[1]["review_loss"], lb[1]["review_loss"], rtol=1e-4)
   np.testing.assert_allclose(la[1]["shapley_values"], lb[1]["shapley_values"], atol=1e-5)
   assert bool(la[1]["repaired"]) == bool(lb[1]["repaired"]) and bool(la[1]["repaired"])
@@ -516,20 +505,27 @@ def _no_attack_config(strategy: str, detection: str, root_rows: int):
   return c
 
 
-def test_vmap_equals_sequential_with_a_shapley_step_every_round():
+def _vmap_and_sequential_agree(config_of, rounds: int = 2):
+  """Runs ``rounds`` rounds of ``config_of(strategy)`` under ``vmap`` and ``sequential``, checks the final global
+  models agree and returns both strategies' per-round metrics."""
   from fedjax_robust.experiment import build_experiment
   results = []
   for strategy in ("vmap", "sequential"):
-    exp = build_experiment(_no_attack_config(strategy, "no_audit", root_rows=60))
+    exp = build_experiment(config_of(strategy))
     state = exp.init_state()
     logs = []
-    for _ in range(2):
+    for _ in range(rounds):
       state, metrics = exp.simulator.run_round(state)
       logs.append(metrics)
     results.append((state.server.server.params, logs))
   (pa, la), (pb, lb) = results
   for a, b in zip(jax.tree.leaves(pa), jax.tree.leaves(pb)):
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+  return la, lb
+
+
+def test_vmap_equals_sequential_with_a_shapley_step_every_round():
+  la, lb = _vmap_and_sequential_agree(lambda strategy: _no_attack_config(strategy, "no_audit", root_rows=60))
   for ma, mb in zip(la, lb):
     np.testing.assert_allclose(ma["reported_loss"], mb["reported_loss"], rtol=1e-4)
     np.testing.assert_allclose(ma["shapley_values"], mb["shapley_values"], atol=1e-5)
