@@ -533,12 +533,16 @@ def test_vmap_equals_sequential_with_a_shapley_step_every_round():
   assert bool(la[1]["audit_alarm"])  # no_audit: the Shapley step ran in round 2
 
 
-def test_shard_map_compiles_the_round_once_and_keeps_the_state_placed_as_init(caplog):
+@pytest.mark.parametrize("repaired_round", ["aggregate", "retrain"])
+def test_shard_map_compiles_the_round_once_and_keeps_the_state_placed_as_init(caplog, repaired_round):
   """FedVSA's server keeps last round's per-client uploads; under ``shard_map`` they used to leave round 1 split
   over the devices while init had them replicated, so round 2 compiled the round again (~13 s per run in the
-  notebook). The round now leaves the server replicated and the clients sharded, as init placed them."""
+  notebook). The round now leaves the server replicated and the clients sharded, as init placed them; with the
+  review phase too (its reports are mapped over the sharded cohort, its repair changes the server mid-round)."""
   from fedjax_robust.experiment import build_experiment
-  exp = build_experiment(_no_attack_config("shard_map", "full", root_rows=40))
+  config = _no_attack_config("shard_map", "full", root_rows=40)
+  config.algorithm.fedvsa.repaired_round = repaired_round
+  exp = build_experiment(config)
   state = exp.init_state()
   placed = jax.tree.map(lambda a: a.sharding, state)
   caplog.set_level(logging.WARNING, logger="jax._src.interpreters.pxla")
