@@ -37,6 +37,7 @@ def test_per_class_counts_by_hand(batch_size):
   assert (int(total), int(scored)) == (3, 5)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_class_accuracy_evaluator_agrees_with_global_accuracy():
   """Class-count-weighted mean of ``global_class_acc`` is ``global_test_acc``; the worst class is its minimum;
   the same values under ``sequential`` (where the pure evaluator is compiled once) and ``vmap``."""

@@ -48,6 +48,7 @@ def test_backdoor_training_alternates_own_epochs_and_d_mal_passes():
   assert target_prob(result.params) > target_prob(honest)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("strategy", ["vmap", "sequential"])
 def test_engine_runs_the_client_attack_for_attackers_only(strategy):
   """Benign clients' uploads are exactly those of a run without the client attack; an attacker's differ; the
@@ -77,6 +78,7 @@ def test_engine_runs_the_client_attack_for_attackers_only(strategy):
       assert_trees_close(a, h, atol=0)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_an_attacker_holding_only_the_attack_data_is_weighted_by_its_size():
   """FedVSA's model-replacement adversary holds only its flipped sample (spec §2): sample-weighted FedAvg weighs it
   by the sample's size, not by its client slot's partition (3 rows here), and the round's global model is that

@@ -175,6 +175,7 @@ def test_matrices_and_their_mean_over_the_rounds_each_client_was_sampled():
   assert np.isnan(plots.mean_over_rounds(stack[:1])[2]).all()  # never sampled
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("rounds,eval_every,last_rounds,evaluated", [(5, 2, 0, [2, 4, 5]), (4, 2, 1, [2, 4])])
 def test_the_whole_run_program_carries_the_evaluated_rounds_matrices(rounds, eval_every, last_rounds, evaluated):
   """make_run (the seeds/grid program): ``trace.client_weights`` holds the matrix of each evaluated round only, equal

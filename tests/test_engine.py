@@ -101,6 +101,7 @@ def test_number_of_local_steps_matches_a_dataloader(drop_last, expected):
   assert np.asarray(out.metrics["steps"]).tolist() == expected
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("conv", [False, True])
 def test_strategies_agree_with_the_plain_sequential_loop(conv):
   data, params, apply_fn = setup(conv)
@@ -134,6 +135,7 @@ def test_shard_map_pads_cohorts_that_do_not_divide_the_devices():
   assert a.evaluate(sa)["client_acc"] == pytest.approx(b.evaluate(sb)["client_acc"])
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_fedprox_with_mu_zero_is_fedavg_and_mu_pulls_towards_the_global_model():
   data, params, apply_fn = setup()
   spec = LocalTrainSpec(epochs=3, batch_size=4)

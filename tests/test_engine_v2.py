@@ -178,6 +178,7 @@ def test_stateless_only_algorithms_refuse_batchnorm():
 
 
 # ------------------------------------------------------------------------------------------ 2. step hooks
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_batch_transform_sees_current_model_and_a_per_step_key():
   """An FGSM-style transform inside local training equals a hand-written step loop; padded == tight."""
   data = make_data(shape=(4, 4, 1))
@@ -295,6 +296,7 @@ def test_attacks_may_poison_several_upload_fields():
 
 
 # ------------------------------------------------------------------------------------------ 4. many models
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_score_models_equals_a_loop_over_models():
   model = make_model(get_model("mlp", 3, hidden=(6,)))
   stacked = jax.vmap(lambda k: model.init(k, jnp.zeros((1, 5)))["params"])(jax.random.split(jax.random.key(0), 5))

@@ -501,6 +501,7 @@ def test_stacked_pair_forward_gives_the_separate_passes_numbers(algorithm):
     make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, pair_forward="fused")
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("strategy", ["vmap", "sequential"])
 def test_engine_fedcap_equals_the_plain_loop_reference(strategy):
   """The vectorized FedCAP against fedjax_robust.reference.ReferenceFedCAP (a client loop with two jitted steps per

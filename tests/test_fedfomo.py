@@ -217,6 +217,7 @@ def test_padded_rows_and_steps_are_exact_noops():
 
 
 # ----------------------------------------------------------------------------------------- engine
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("cohort", [None, 3])
 def test_vectorized_round_equals_sequential(cohort):
   data, params, apply_fn = setup(data=make_data(sizes=(10, 12, 6, 9)))

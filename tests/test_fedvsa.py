@@ -524,6 +524,7 @@ def _vmap_and_sequential_agree(config_of, rounds: int = 2):
   return la, lb
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_vmap_equals_sequential_with_a_shapley_step_every_round():
   la, lb = _vmap_and_sequential_agree(lambda strategy: _no_attack_config(strategy, "no_audit", root_rows=60))
   for ma, mb in zip(la, lb):

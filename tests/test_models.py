@@ -434,6 +434,7 @@ def test_max_pool_implementations_agree(window, shape):
   np.testing.assert_array_equal(grad("reshape"), grad("reduce_window"))
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_cnn_mnist_is_fedalcs_lenet_style_cnn():
   """FedALC spec §4.3 / property 18: 28x28x1 -> 10 logits, 21,840 parameters; both dropouts act in training only."""
   model = make_model(get_model("cnn_mnist", 10))

@@ -123,6 +123,7 @@ def test_ditto_lamda_zero_v_is_plain_sgd_and_w_is_fedavgs_client():
   assert_trees_close(out.upload["delta"], fedavg_out.upload["delta"], atol=1e-6)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("aggregator", [None, "fltrust"])
 def test_ditto_global_model_is_fedavgs(aggregator):
   """Same seed, partial participation, 2 rounds: Ditto's w^t and diagnostics equal FedAvg's (plain and FLTrust)."""

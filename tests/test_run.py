@@ -76,6 +76,7 @@ def test_make_run_equals_the_round_loop():
   np.testing.assert_allclose(jax.tree.leaves(final.server)[0], jax.tree.leaves(s.server)[0], atol=1e-5)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("algorithm,attack", [("fedavg", "scaling"), ("fedcap", "lie")])
 def test_seeds_in_one_program_equal_separate_runs(tmp_path, algorithm, attack):
   """--config.seeds=0,1: each seed's metrics (its own partition, attackers and init) equal the separate run with
@@ -124,6 +125,7 @@ def test_summarize_finals():
   assert s == {"a": {"values": [1.0, 3.0], "mean": 2.0, "std": 1.0}}
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 def test_grid_over_traced_hyperparameters_equals_separate_runs(tmp_path):
   """--config.grid: FedProx's mu x the client lr, the algorithm built inside the program with tracers; each lane
   equals the separate run with those values (mu = 0 included, where the separate run skips the prox term)."""
@@ -167,6 +169,7 @@ def test_rounds_loop_resolution():
     resolve_rounds_loop("while", "cpu", True)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("grid", ["", "client.lr=0.05,0.1"])
 def test_seeds_with_rounds_called_from_python_equal_the_scanned_program(tmp_path, grid):
   """engine.rounds_loop=python (auto's choice on the CPU for conv nets) writes the same per-round metrics and
