@@ -307,9 +307,7 @@ class Simulator:
                                 keys)
     if not self.attack_slots:
       return reports
-    report_bad = alg.malicious_report or (lambda payload, st, data, attack_data, key: alg.client_report(
-        payload, st, attack_data, key))
-    return self._in_attack_slots(reports, report_bad, prep, inputs, keys)
+    return self._in_attack_slots(reports, self._attacker_report, prep, inputs, keys)
 
   def _review(self, state: SimState, prep: _Prepared, reports: PyTree, inputs: RunInputs):
     """The server's review of the cohort's reports (``server_review``): the reviewed state, the round's payload
@@ -356,6 +354,11 @@ class Simulator:
     return SimState(state.round + 1, server, clients, state.key), metrics
 
   def _build(self):
+    # What an attacker reports in the review phase: its own malicious_report, else client_report on the attack's
+    # data. Built once, so the sequential strategy's per-function cache compiles it once.
+    alg = self.algorithm
+    self._attacker_report = alg.malicious_report or (
+        None if alg.client_report is None else functools.partial(_report_on_attack_data, alg.client_report))
     if is_traceable(self.strategy):
       self._round = jit(self.round_step)
     else:
@@ -497,6 +500,11 @@ class Simulator:
     process of a multi-process run: :func:`~fedjax_robust.execution.to_host`).
     """
     return self.evaluation_record(to_host(self._evaluate_raw(state, self.inputs)))
+
+
+def _report_on_attack_data(client_report: Callable, payload, client_state, data, attack_data, key):
+  """The default ``malicious_report``: the attacker's ``client_report`` on the data its attack trains on."""
+  return client_report(payload, client_state, attack_data, key)
 
 
 def _step_weighted_mean(loss: jax.Array, steps: jax.Array) -> jax.Array:

@@ -494,6 +494,29 @@ def test_review_phase_refuses_an_upload_attack_on_the_reported_loss_and_a_half_d
               malicious=sim.malicious, attack_data=sim.attack_data, server_data=sim.server_data)
 
 
+@pytest.mark.fast_compiles  # tests/conftest.py
+def test_an_attacker_reports_on_its_attack_data_in_the_review_phase_by_default():
+  """Without its own ``malicious_report`` an attacker's review report is ``client_report`` on the attack's data:
+  FedVSA's explicit one (the downloaded model's loss on the flipped sample) gives the same reports, and both differ
+  from the attacker's honest report on its own partition slot."""
+  from fedjax_robust.experiment import build_experiment
+  from fedjax_robust.simulation import Simulator
+  exp = build_experiment(_e2e_config(**{"algorithm.fedvsa.repaired_round": "retrain", "sampler.forced": "1:0"}))
+  sim = exp.simulator
+  reports = {}
+  for name, alg in (("own", sim.algorithm), ("default", sim.algorithm._replace(malicious_report=None))):
+    other = Simulator(alg, exp.data, sim.model, cohort_size=6, malicious=sim.malicious, attack_data=sim.attack_data,
+                      server_data=sim.server_data, sampler=sim.sampler)
+    _, metrics = other.run_round(exp.init_state())
+    reports[name] = (np.asarray(metrics["cohort"]), np.asarray(metrics["review_loss"]))
+  (cohort, own), (_, default) = reports["own"], reports["default"]
+  np.testing.assert_allclose(default, own, rtol=1e-6)
+  attacker = int(np.flatnonzero(cohort == 0)[0])
+  honest = np.asarray(sim.algorithm.client_report(sim.algorithm.broadcast(exp.init_state().server),
+                                                  None, jax.tree.map(lambda a: a[0], sim.train), None)["loss"])
+  assert abs(float(own[attacker]) - float(honest)) > 1e-3
+
+
 def _no_attack_config(strategy: str, detection: str, root_rows: int):
   """The end-to-end setting without the adversary: 4 clients a round drawn uniformly."""
   c = _e2e_config(**{"engine.strategy": strategy, "algorithm.fedvsa.detection": detection, "rounds": 3,
