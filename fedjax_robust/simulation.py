@@ -362,16 +362,9 @@ class Simulator:
     if is_traceable(self.strategy):
       self._round = jit(self.round_step)
     else:
-      prepare, review, finish = jit(self._prepare), jit(self._review), jit(self._finish)
-
-      def round_fn(state, inputs: RunInputs):
-        prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
-        reviewed = None
-        if self.algorithm.server_review is not None:
-          state, prep, reviewed = review(state, prep, self._client_reports(prep, inputs), inputs)
-        return finish(state, prep, self._client_outputs(prep, inputs), inputs, reviewed)
-
-      self._round = round_fn
+      # The same phases, each its own program; the client maps between them run client by client.
+      self._round = functools.partial(self._play_round, prepare=jit(self._prepare), review=jit(self._review),
+                                      finish=jit(self._finish))
     self._eval_clients = self._build_client_eval()
     self._eval_global = jit(functools.partial(count_correct, self.apply_fn, batch_size=self.eval_batch_size))
 
@@ -399,11 +392,17 @@ class Simulator:
   def round_step(self, state: SimState, inputs: RunInputs) -> tuple[SimState, dict]:
     """One round as a pure traceable function of ``(state, inputs)`` (traceable strategies only): what
     :meth:`run_round` compiles and :func:`fedjax_robust.run.make_run` scans."""
-    prep = self._prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
+    return self._play_round(state, inputs, self._prepare, self._review, self._finish)
+
+  def _play_round(self, state: SimState, inputs: RunInputs, prepare, review, finish) -> tuple[SimState, dict]:
+    """A round's phases in order: prepare, the review phase when the algorithm has one, the clients, finish.
+    ``round_step`` passes the phases themselves (one traced program); the sequential strategy their jitted
+    versions."""
+    prep = prepare(state, self.train_at(inputs, state.round + 1), inputs.malicious, inputs.attack_data)
     reviewed = None
     if self.algorithm.server_review is not None:
-      state, prep, reviewed = self._review(state, prep, self._client_reports(prep, inputs), inputs)
-    return self._finish(state, prep, self._client_outputs(prep, inputs), inputs, reviewed)
+      state, prep, reviewed = review(state, prep, self._client_reports(prep, inputs), inputs)
+    return finish(state, prep, self._client_outputs(prep, inputs), inputs, reviewed)
 
   def _client_outputs(self, prep: _Prepared, inputs: RunInputs) -> ClientOutput:
     """Every cohort client's ``client_update``; with a client-side attack, the cohort's attackers' outputs come
