@@ -121,7 +121,10 @@ def reported(final: dict, models: Iterable[str]) -> tuple[float, dict]:
 PER_ROUND_SCALARS = {"train_loss": "train_loss_per_round", "benign_train_loss": "benign_train_loss_per_round",
                      "num_removed": "num_removed_per_round",
                      "backdoor_confidence": "backdoor_confidence_per_round",  # FedCC Fig. 4 (every-round eval)
-                     "global_test_acc": "global_test_acc_per_round"}
+                     "global_test_acc": "global_test_acc_per_round",
+                     # FedVSA's detection (algorithms/fedvsa.py): when its loss audit fired, whom Shapley flagged
+                     "audit_alarm": "audit_alarm_per_round", "shapley_flagged_benign": "shapley_flagged_benign_per_round",
+                     "shapley_flagged_attackers": "shapley_flagged_attackers_per_round"}
 
 
 def per_round_series(run_dir: Path) -> dict:
