@@ -110,3 +110,22 @@ def test_fig3_table_reads_the_rounds_around_each_attack():
   table = T.fig3(results)
   assert "| mnist | **FedVSA** | 90.0 / 2.0 / 90.0 | 90.0 / 5.0 / 90.0 | 90.0 / 90.0 / 90.0 |" in table
   assert not math.isnan(T._reduced_note(results).count("60"))
+
+
+def test_table5_parts_separate_fedvsas_weighting_from_its_detection():
+  """The parts block under Table 5: last-10 means of FedAvg / aggregation only / full FedVSA, and from the full
+  run's log the audit's alarms, the benign updates flagged and the accuracy change in repairing rounds."""
+  key = lambda m: T.cell_key("mnist", "sigma900", m, fresh=0.3)
+  acc = [0.5, 0.6, 0.4, 0.7, 0.5, 0.8]  # rounds 3 and 5 repair: -20 and -20 points; the others +10, +30, +30
+  full = {**_cell(acc), "audit_alarm_per_round": [0, 0, 1, 1, 1, 0], "shapley_flagged_benign_per_round": [0, 0, 2, 0, 3, 0]}
+  results = {key("fedavg"): _cell([0.7] * 6), key("fedvsa_aggregation_only"): _cell([0.75] * 6), key("fedvsa"): full}
+  table = T.table5(results)
+  assert "| sigma900, α=0.3 | 70.00 | 75.00 | 58.33 | 3 of 6 | 5 | -20.0 / +23.3 |" in table
+  # The main table shows the paper's methods only; without the aggregation-only cell there is no parts block.
+  assert "| sigma900, α=0.3 | 70.00 / 70.00 (89.77) | 80.00 / 58.33 (95.12) |" in table
+  del results[key("fedvsa_aggregation_only")]
+  assert "FedVSA's parts" not in T.table5(results)
+  # A full cell stored without the detection's log shows dashes, not zeros.
+  results[key("fedvsa_aggregation_only")] = _cell([0.75] * 6)
+  results[key("fedvsa")] = _cell(acc)
+  assert "| sigma900, α=0.3 | 70.00 | 75.00 | 58.33 | — | — | — |" in T.table5(results)
