@@ -448,9 +448,7 @@ def main():
   parser.set_defaults(rounds=0, epochs=0)
   args = parser.parse_args()
   if args.from_json:
-    results = {}
-    for path in args.from_json.split(","):  # several files: merged in order, a later file's cell wins
-      results.update(json.loads(Path(path).read_text()))
+    results = grid.merge_files(args.from_json.split(","))
     if args.figure:
       fig3_figure(results, Path(args.figure), FIG3_METHODS if args.mode == "fig3" else ABLATIONS)
     print(TABLES[args.mode](results), end="")

@@ -88,9 +88,14 @@ def load_results(path: Path) -> dict:
 
 def merged_results(out: Path) -> dict:
   """Every cell found in ``out/results*.json`` (later files win on a repeated cell)."""
+  return merge_files(sorted(out.glob("results*.json")))
+
+
+def merge_files(paths: Iterable) -> dict:
+  """The cells of several stored results files, merged in order (a later file's cell wins)."""
   merged = {}
-  for path in sorted(out.glob("results*.json")):
-    merged.update(json.loads(path.read_text()))
+  for path in paths:
+    merged.update(json.loads(Path(path).read_text()))
   return merged
 
 
