@@ -28,7 +28,7 @@ from flax import traverse_util
 
 from fedjax_robust import attacks, client_weights
 from fedjax_robust.adversarial import (adversarial_config, default_robust_eval_config, objective_from_config,
-                                       robust_eval_from_config)
+                                       robust_eval_from_config, training_attack_unroll)
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.aggregators.weighting import weighting_config
 from fedjax_robust.attacks.client_attacks import client_attack_from_config
@@ -37,7 +37,7 @@ from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.algorithms.registry import ALGORITHMS as ALGORITHM_REGISTRY
 from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, algorithm_entry, build_algorithm
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
-from fedjax_robust.client import ClientData, LocalTrainSpec
+from fedjax_robust.client import ClientData, LocalTrainSpec, num_local_steps
 from fedjax_robust.compilation import has_conv
 from fedjax_robust.data import build_federated_data, default_data_config
 from fedjax_robust.data.augment import augmentation_from_config
@@ -430,7 +430,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   stats = input_normalization(norm, input_stats, int(data.feature_shape[-1]))
   if stats is not None:  # pixels stay in [0, 1]; the dataset's (or ImageNet's) mean/std is the model's first layer
     model = with_input_normalization(model, *stats)
-  objective = objective_from_config(config.get("adversarial"))
+  adversarial_cfg = config.get("adversarial")
+  objective = objective_from_config(adversarial_cfg)  # rebuilt below with its attack loop's unroll
   eval_cfg = config.get("eval", {})
   evaluators = resolve_evaluators(eval_cfg.get("metrics", "auto"), backdoor is not None)
   robust_eval = robust_eval_from_config(eval_cfg.get("robust")) if "robust" in evaluators else None
@@ -456,6 +457,13 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         bool(config.client.shuffle), unroll, augment)
   if spec.epochs < 1 or spec.batch_size < 1:
     raise ValueError(f"client.epochs and client.batch_size must be >= 1, got {spec.epochs}, {spec.batch_size}")
+  attack_unroll = None
+  if objective.adversarial:  # one attack loop per local step: keep the unrolled client program compilable
+    attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), conv,
+                                           num_local_steps(int(data.x_train.shape[1]), spec), int(adversarial_cfg.steps))
+    objective = objective_from_config(adversarial_cfg, attack_unroll)
+    logger.info("training attack: %d local steps x %d attack steps per client program, attack loop unroll %s",
+                num_local_steps(int(data.x_train.shape[1]), spec), int(adversarial_cfg.steps), attack_unroll)
   strategy_name = config.engine.strategy
   if jax.process_count() > 1:  # jax.distributed: only a mesh over every process's devices shares the clients out
     if strategy_name not in ("auto", "shard_map"):

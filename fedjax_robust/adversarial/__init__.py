@@ -8,7 +8,7 @@
 """
 
 from fedjax_robust.adversarial.attacks import (CWParams, LinfParams, bim, cross_entropy, cw_l2, cw_linf, cw_margin,
-                                               fgsm, linf_ascent, pgd, project_linf)
+                                               fgsm, linf_ascent, pgd, project_linf, training_attack_unroll)
 from fedjax_robust.adversarial.calibration import (calibrate_logits, calibrated_cross_entropy, calibration_weights,
                                                    class_counts)
 from fedjax_robust.adversarial.evaluation import (RobustEvalSpec, default_robust_eval_config, evaluate_robust,
@@ -18,7 +18,7 @@ from fedjax_robust.adversarial.objectives import (OBJECTIVES, Objective, adversa
 
 __all__ = [
     "CWParams", "LinfParams", "bim", "cross_entropy", "cw_l2", "cw_linf", "cw_margin", "fgsm", "linf_ascent", "pgd",
-    "project_linf", "calibrate_logits", "calibrated_cross_entropy", "calibration_weights", "class_counts",
+    "project_linf", "training_attack_unroll", "calibrate_logits", "calibrated_cross_entropy", "calibration_weights", "class_counts",
     "RobustEvalSpec", "default_robust_eval_config", "evaluate_robust", "robust_accuracy", "robust_eval_from_config",
     "OBJECTIVES", "Objective", "adversarial_config", "objective_from_config", "register_objective",
 ]

@@ -48,6 +48,9 @@ class LinfParams(NamedTuple):
   step_size: float = 2 / 255
   steps: int = 10
   random_start: bool = True
+  # How the step loop compiles: None = :func:`attack_unroll`'s choice for the model; True / False / an int = that
+  # ``fori_loop`` unroll. Local adversarial training sets it per experiment (:func:`training_attack_unroll`).
+  unroll: bool | int | None = None
 
 
 class CWParams(NamedTuple):
@@ -99,17 +102,18 @@ def uniform_start(x: jax.Array, key: jax.Array, eps: float) -> jax.Array:
 
 
 def linf_ascent(example_loss: Callable[[jax.Array], jax.Array], x: jax.Array, start: jax.Array, eps: float,
-                step_size: float, steps: int, conv: bool = True) -> jax.Array:
+                step_size: float, steps: int, conv: bool = True, unroll: bool | int | None = None) -> jax.Array:
   """``steps`` signed-gradient ascent steps on ``example_loss`` from ``start``, each followed by the projection
   onto the ε-ball around ``x`` and [0, 1]. The loop every L∞ kernel (and TRADES' KL attack) shares; ``conv``:
-  whether the attacked model has convolutions (:func:`attack_unroll`)."""
+  whether the attacked model has convolutions (:func:`attack_unroll`), ``unroll``: an explicit choice instead
+  (``LinfParams.unroll``). The result is the same either way; only compile time and speed differ."""
 
   def step(_, x_k):
     return project_linf(x_k + step_size * jnp.sign(input_gradient(example_loss, x_k)), x, eps)
 
   if int(steps) == 0:
     return start
-  return compilation.fori_loop(0, int(steps), step, start, unroll=attack_unroll(conv))
+  return compilation.fori_loop(0, int(steps), step, start, unroll=attack_unroll(conv) if unroll is None else unroll)
 
 
 def attack_unroll(conv: bool = True) -> bool | int:
@@ -125,6 +129,40 @@ def attack_unroll(conv: bool = True) -> bool | int:
   if value in ("true", "false"):
     return value == "true"
   return int(value)
+
+
+# Local adversarial training puts one attack loop in every local step, so a fully unrolled client program holds
+# local steps x attack steps gradient passes, and XLA:CPU's compile time and memory grow faster than that count.
+# Measured (benchmarks/README.md §5; 2-core CPU, one FedALC client on the CNN-MNIST, batch 32, PGD-10, every loop
+# unrolled): 16 local steps (160 attack steps) compiled in 26 s at 1.1 GB peak, 32 (320) in 91 s at 2.1 GB, 80 (800)
+# had not finished after 10 min at 17 GB; the same 80 steps with the attack loop rolled compiled in 224 s at
+# 4.8 GB and ran 1.6-1.8x slower per step. Beyond this many attack steps per program ``auto`` rolls the loop.
+TRAINING_ATTACK_UNROLL_BUDGET = 400
+
+
+def training_attack_unroll(value, conv: bool, local_steps: int, attack_steps: int) -> bool | int:
+  """The unroll of the training attack's loop inside a client's local steps (``adversarial.unroll``).
+
+  ``auto``: :func:`attack_unroll`'s choice (unrolled on the CPU for conv nets), except that a client program of
+  more than :data:`TRAINING_ATTACK_UNROLL_BUDGET` attack steps (``local_steps`` x ``attack_steps``) keeps a rolled
+  loop, so that E = 5 on Fashion-MNIST compiles in minutes, not in tens of minutes and 17 GB. ``true`` / ``false``
+  / an int: that unroll. FEDJAX_ROBUST_ATTACK_UNROLL, when set to anything but ``auto``, overrides both."""
+  import os
+  if os.environ.get("FEDJAX_ROBUST_ATTACK_UNROLL", "auto").lower() != "auto":
+    return attack_unroll(conv)
+  value = str(value).strip().lower()
+  if value == "auto":
+    choice = attack_unroll(conv)
+    return 1 if choice is True and int(local_steps) * int(attack_steps) > TRAINING_ATTACK_UNROLL_BUDGET else choice
+  if value in ("true", "false"):
+    return True if value == "true" else 1
+  try:
+    unroll = int(value)
+  except ValueError:
+    raise ValueError(f"adversarial.unroll must be auto, true, false or a positive int, got {value!r}") from None
+  if unroll < 1:
+    raise ValueError(f"adversarial.unroll must be auto, true, false or a positive int, got {value!r}")
+  return unroll
 
 
 def _ce_loss(logits_fn, variables, y):
@@ -144,7 +182,7 @@ def bim(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, key:
   """Basic iterative method: PGD's steps from the clean input (``random_start`` ignored)."""
   del key
   out = linf_ascent(_ce_loss(logits_fn, variables, y), x, x, params.eps, params.step_size, params.steps,
-                    compilation.has_conv(variables))
+                    compilation.has_conv(variables), params.unroll)
   return jax.lax.stop_gradient(out)
 
 
@@ -153,7 +191,7 @@ def pgd(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, key:
   """L∞ PGD on cross-entropy from a uniform random start in the ε-ball (``params.random_start``)."""
   start = uniform_start(x, key, params.eps) if params.random_start else x
   out = linf_ascent(_ce_loss(logits_fn, variables, y), x, start, params.eps, params.step_size, params.steps,
-                    compilation.has_conv(variables))
+                    compilation.has_conv(variables), params.unroll)
   return jax.lax.stop_gradient(out)
 
 
@@ -162,7 +200,8 @@ def cw_linf(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, 
   """L∞ PGD that lowers the CW margin ``z_y − max_{k≠y} z_k`` instead of raising CE (spec §2.2 extras)."""
   loss = lambda z: -cw_margin(logits_fn(variables, z), y, kappa=jnp.inf)
   start = uniform_start(x, key, params.eps) if params.random_start else x
-  out = linf_ascent(loss, x, start, params.eps, params.step_size, params.steps, compilation.has_conv(variables))
+  out = linf_ascent(loss, x, start, params.eps, params.step_size, params.steps, compilation.has_conv(variables),
+                    params.unroll)
   return jax.lax.stop_gradient(out)
 
 

@@ -119,7 +119,8 @@ def kl_transform(attack: LinfParams, train_mode: bool = False, calibrate=None):
       noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(start_key, i), x.shape[1:], x.dtype))(
           jnp.arange(x.shape[0]))
       start = jnp.clip(x + 0.001 * noise, 0.0, 1.0)
-      return linf_ascent(example_loss, x, start, attack.eps, attack.step_size, attack.steps, has_conv(variables))
+      return linf_ascent(example_loss, x, start, attack.eps, attack.step_size, attack.steps, has_conv(variables),
+                         attack.unroll)
 
     return transform
 
@@ -268,20 +269,26 @@ def adversarial_config():
       # The training attack (L∞, [0, 1] pixel units; FedALC spec §1.3 / A4-A5: torchattacks' PGD defaults).
       "eps": 8 / 255, "step_size": 2 / 255, "steps": 10, "random_start": True,
       "attack_train_mode": False,  # attack the model in train mode (dropout on); default eval mode (spec A8)
+      # auto | true | false | int: how the training attack's step loop compiles. auto unrolls it on the CPU for conv
+      # nets unless local steps x attack steps passes a budget (attacks.training_attack_unroll); same numbers.
+      "unroll": "auto",
       **blocks,
   })
   config.lock()
   return config
 
 
-def objective_from_config(config) -> Objective:
-  """The :class:`Objective` ``config.objective`` names (``config`` = the ``adversarial`` block)."""
+def objective_from_config(config, attack_unroll: bool | int | None = None) -> Objective:
+  """The :class:`Objective` ``config.objective`` names (``config`` = the ``adversarial`` block); ``attack_unroll``:
+  the training attack's loop unroll (``LinfParams.unroll``; the experiment resolves ``config.unroll`` with
+  :func:`~fedjax_robust.adversarial.attacks.training_attack_unroll`), None = the model's default."""
   if config is None:
     return OBJECTIVES["ce"].build(LinfParams(), False, {})
   name = str(config.get("objective", "ce"))
   if name not in OBJECTIVES:
     raise ValueError(f"unknown adversarial.objective {name!r}; choose one of {tuple(OBJECTIVES)}")
-  attack = LinfParams(float(config.eps), float(config.step_size), int(config.steps), bool(config.random_start))
+  attack = LinfParams(float(config.eps), float(config.step_size), int(config.steps), bool(config.random_start),
+                      attack_unroll)
   if attack.eps < 0 or attack.step_size < 0 or attack.steps < 0:
     raise ValueError(f"adversarial eps, step_size and steps must be >= 0, got {attack}")
   return OBJECTIVES[name].build(attack, bool(config.get("attack_train_mode", False)), config.get(name) or {})
