@@ -4,7 +4,9 @@ For each (objective, strategy) pair it builds the same experiment (``--config``,
 alpha = 0.1: 10 clients, 5,000 images, batch 32, E = 1, the CNN-MNIST), runs one warm-up round (compilation) and
 then times ``--rounds`` rounds; it also times the robust evaluation of the global model (PGD-10 on
 ``--eval_examples`` test images, 11 forward/backward passes per image). Prints rounds/s, the adversarial/clean
-cost ratio and the vmap/sequential speed ratio measured in this process; ``--out`` stores them with provenance.
+cost ratio and the vmap/sequential speed ratio measured in this process; ``--out`` stores them with provenance,
+each pair's local steps per client program and training-attack unroll, and the process's peak memory (run one
+pair per process to read the peak as that pair's: the compile-cost table of benchmarks/README.md §5).
 
   python benchmarks/adversarial_round.py --set data.data_dir=../shared/data
   python benchmarks/adversarial_round.py --config experiments/configs/fedalc_fmnist.py:fedalc,0.1 --rounds 2 \\
@@ -41,6 +43,20 @@ def time_rounds(exp, rounds: int) -> tuple[float, float, object, dict]:
   return first, (time.perf_counter() - t0) / rounds, state, metrics
 
 
+def program_size(config, exp) -> tuple[int, object]:
+  """(local steps in one client program, the training attack's loop unroll the experiment resolved; None for
+  clean training)."""
+  from fedjax_robust.adversarial import training_attack_unroll
+  from fedjax_robust.client import LocalTrainSpec, num_local_steps
+  from fedjax_robust.compilation import has_conv
+  spec = LocalTrainSpec(int(config.client.epochs), int(config.client.batch_size), bool(config.client.drop_last))
+  steps = num_local_steps(int(exp.data.x_train.shape[1]), spec)
+  if config.adversarial.objective == "ce":  # clean training: no attack loop
+    return steps, None
+  return steps, training_attack_unroll(config.adversarial.unroll, has_conv(exp.params), steps,
+                                       int(config.adversarial.steps))
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default="experiments/configs/fedalc_mnist.py:fedalc,0.1")
@@ -67,8 +83,10 @@ def main():
       grid.apply_overrides(config, args.set)
       exp = build_experiment(config)
       first, per_round, state, _ = time_rounds(exp, args.rounds)
+      steps, unroll = program_size(config, exp)
       result["pairs"][f"{objective}/{strategy}"] = {"first_round_s": first, "round_s": per_round,
-                                                   "rounds_per_s": 1.0 / per_round}
+                                                   "rounds_per_s": 1.0 / per_round, "local_steps": steps,
+                                                   "attack_unroll": unroll}
       print(f"{objective:>8s} {strategy:>10s}: first round {first:7.1f} s, then {per_round:7.2f} s/round "
             f"({1.0 / per_round:.3f} rounds/s)", flush=True)
       if args.eval_examples and not robust_done:
@@ -102,6 +120,9 @@ def main():
       ratio = pairs[f"{objective}/sequential"]["round_s"] / pairs[f"{objective}/vmap"]["round_s"]
       result[f"vmap_over_sequential_{objective}"] = ratio
       print(f"{objective}: vmap is {ratio:.2f}x the sequential loop's rounds/s")
+  import resource
+  result["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+  print(f"peak memory of this process: {result['peak_rss_gb']:.1f} GB")
   if args.out:
     grid.store_json(args.out, result)
 

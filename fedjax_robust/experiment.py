@@ -254,6 +254,23 @@ def resolve_unroll(value, backend: str, conv: bool) -> bool | int:
   return 1 if value is False else value
 
 
+# Past this many fully unrolled local steps in one client program, XLA:CPU's compile time and memory become the cost
+# of a run (they grow faster than the step count; benchmarks/README.md §5, FedALC's CNN-MNIST at batch 32: 90 clean
+# steps took 170 s to compile at 4.5 GB peak; 180 had not finished after 8 min at 17 GB).
+LONG_UNROLL_STEPS = 64
+
+
+def long_unroll_warning(unroll, local_steps: int) -> str | None:
+  """The warning a run logs when ``engine.unroll`` puts more than :data:`LONG_UNROLL_STEPS` unrolled local steps in
+  one client program (the CPU default for conv nets), else None."""
+  if unroll is not True or local_steps <= LONG_UNROLL_STEPS:
+    return None
+  return (f"engine.unroll unrolls {local_steps} local steps into one client program: on the CPU its compile time and "
+          f"memory grow faster than the step count (90 steps of a small CNN: ~3 min and 4.5 GB; 180: over 8 min and "
+          f"17 GB, benchmarks/README.md §5). Fewer steps per round (client.epochs, a larger client.batch_size), "
+          f"engine.unroll=false (compiles in seconds, each step ~5x slower) or a GPU avoid it")
+
+
 def cohort_size(config, num_clients: int) -> int:
   """Clients per round. An algorithm may declare that every client trains every round (Local: FedCAP spec §3,
   "all K clients every round"), whatever ``server.participation`` says."""
@@ -457,6 +474,9 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         bool(config.client.shuffle), unroll, augment)
   if spec.epochs < 1 or spec.batch_size < 1:
     raise ValueError(f"client.epochs and client.batch_size must be >= 1, got {spec.epochs}, {spec.batch_size}")
+  warning = long_unroll_warning(unroll, num_local_steps(int(data.x_train.shape[1]), spec))
+  if warning:
+    logger.warning(warning)
   attack_unroll = None
   if objective.adversarial:  # one attack loop per local step: keep the unrolled client program compilable
     attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), conv,

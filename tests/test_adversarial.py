@@ -294,3 +294,89 @@ def test_trades_with_zero_beta_is_clean_training_and_every_objective_trains():
     assert int(result.metrics["steps"]) == 3  # ceil(70 / 32): padded steps are no-ops
   with pytest.raises(ValueError, match="unknown adversarial.objective"):
     _objective("madry")
+
+
+# ------------------------------------------------------------------------------------------ compile choices
+def test_training_attack_unroll_rolls_the_loop_past_the_budget(monkeypatch):
+  """``adversarial.unroll=auto``: unrolled on the CPU for conv nets while local steps x attack steps stays within
+  the budget, rolled beyond it (E = 5 on Fashion-MNIST did not compile in 10 min / 17 GB unrolled); explicit values
+  win; bad values fail loudly; the environment override still overrides."""
+  from fedjax_robust.adversarial import training_attack_unroll
+  from fedjax_robust.adversarial.attacks import TRAINING_ATTACK_UNROLL_BUDGET as budget
+  monkeypatch.delenv("FEDJAX_ROBUST_ATTACK_UNROLL", raising=False)
+  assert jax.default_backend() == "cpu"  # the suite runs on the CPU (CI); elsewhere auto never unrolls
+  assert training_attack_unroll("auto", True, budget // 10, 10) is True  # exactly at the budget: unrolled
+  assert training_attack_unroll("auto", True, budget // 10 + 1, 10) == 1  # one step more: rolled
+  assert training_attack_unroll("auto", True, 80, 10) == 1  # FedALC Fashion-MNIST, E = 5 (800 attack steps)
+  assert training_attack_unroll("auto", True, 16, 10) is True  # FedALC MNIST, E = 1 (160)
+  assert training_attack_unroll("auto", False, 16, 10) == 1  # no convolutions: a rolled loop is fast
+  assert training_attack_unroll("true", True, 80, 10) is True
+  assert training_attack_unroll("false", True, 16, 10) == 1
+  assert training_attack_unroll(5, True, 80, 10) == 5
+  for bad in ("sometimes", "0", -2):
+    with pytest.raises(ValueError, match="adversarial.unroll"):
+      training_attack_unroll(bad, True, 16, 10)
+  monkeypatch.setenv("FEDJAX_ROBUST_ATTACK_UNROLL", "false")
+  assert training_attack_unroll("true", True, 16, 10) is False
+
+
+def test_training_attack_loop_unroll_changes_no_number(trained_linear, dropout_cnn):
+  """``LinfParams.unroll`` is a compile choice: the PGD and TRADES kernels give the same examples rolled as
+  unrolled."""
+  params, x, y = trained_linear
+  key = jax.random.key(3)
+  rolled = pgd(linear, params, x, y, key, LinfParams(EPS, 2 / 255, 5, True, 1))
+  unrolled = pgd(linear, params, x, y, key, LinfParams(EPS, 2 / 255, 5, True, True))
+  np.testing.assert_allclose(rolled, unrolled, atol=1e-6)
+  model, mlp_params = dropout_cnn
+  cfg = adversarial_config()
+  with cfg.unlocked():
+    cfg.objective, cfg.steps = "trades", 3
+  mask = jnp.ones((x.shape[0],), bool)
+  data = ClientData(x, y, jnp.asarray(x.shape[0]))
+  outs = [objective_from_config(cfg, u).transform(model, data)({"params": mlp_params}, x, y, mask, key)
+          for u in (1, True)]
+  np.testing.assert_allclose(outs[0], outs[1], atol=1e-6)
+  assert not np.allclose(outs[0], x)  # the attack moved the inputs
+
+
+def test_experiment_resolves_the_training_attack_unroll_from_its_local_steps(monkeypatch):
+  """The experiment hands the objective the unroll its client program can afford: a conv net on the CPU keeps the
+  attack unrolled for a short local loop and rolls it for a long one (``adversarial.unroll=auto``)."""
+  import ml_collections
+  import fedjax_robust.experiment as experiment_module
+  from fedjax_robust.experiment import build_experiment, default_config
+  monkeypatch.delenv("FEDJAX_ROBUST_ATTACK_UNROLL", raising=False)
+  seen = []
+  original = experiment_module.objective_from_config
+  monkeypatch.setattr(experiment_module, "objective_from_config",
+                      lambda cfg, attack_unroll=None: seen.append(attack_unroll) or original(cfg, attack_unroll))
+  for epochs in (1, 20):  # 2 clients of up to 810 digits, batch 64: 13 local steps per epoch (130 and 2,600 attack steps)
+    c = default_config()
+    c.data.name, c.data.num_clients, c.data.normalize = "digits", 2, False
+    c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4})  # a tiny conv net
+    c.client.epochs, c.client.batch_size = epochs, 64
+    c.adversarial.objective, c.adversarial.steps = "pgd_at", 10
+    build_experiment(c)
+  assert [u for u in seen if u is not None] == [True, 1], seen
+
+
+def test_a_long_unrolled_client_program_is_announced(caplog):
+  """More than LONG_UNROLL_STEPS unrolled local steps (the CPU default for conv nets) log one warning naming the
+  step count and the ways out; a short program, or a rolled one, logs none."""
+  import logging
+  import ml_collections
+  from fedjax_robust.experiment import LONG_UNROLL_STEPS, build_experiment, default_config, long_unroll_warning
+  assert long_unroll_warning(True, LONG_UNROLL_STEPS) is None
+  assert str(LONG_UNROLL_STEPS + 1) in long_unroll_warning(True, LONG_UNROLL_STEPS + 1)
+  assert long_unroll_warning(1, 10 * LONG_UNROLL_STEPS) is None
+  assert long_unroll_warning(5, 10 * LONG_UNROLL_STEPS) is None
+  for epochs, expected in ((1, 0), (10, 1)):  # 2 clients of up to 810 digits at batch 64: 13 steps per epoch
+    c = default_config()
+    c.data.name, c.data.num_clients, c.data.normalize = "digits", 2, False
+    c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4})
+    c.client.epochs, c.client.batch_size = epochs, 64
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fedjax_robust"):
+      build_experiment(c)
+    assert sum("local steps into one client program" in r.getMessage() for r in caplog.records) == expected

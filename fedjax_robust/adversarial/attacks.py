@@ -133,10 +133,11 @@ def attack_unroll(conv: bool = True) -> bool | int:
 
 # Local adversarial training puts one attack loop in every local step, so a fully unrolled client program holds
 # local steps x attack steps gradient passes, and XLA:CPU's compile time and memory grow faster than that count.
-# Measured (benchmarks/README.md §5; 2-core CPU, one FedALC client on the CNN-MNIST, batch 32, PGD-10, every loop
-# unrolled): 16 local steps (160 attack steps) compiled in 26 s at 1.1 GB peak, 32 (320) in 91 s at 2.1 GB, 80 (800)
-# had not finished after 10 min at 17 GB; the same 80 steps with the attack loop rolled compiled in 224 s at
-# 4.8 GB and ran 1.6-1.8x slower per step. Beyond this many attack steps per program ``auto`` rolls the loop.
+# Measured (benchmarks/README.md §5; 2-core CPU, one FedALC client on the CNN-MNIST, batch 32, PGD-10): every loop
+# unrolled, 18 local steps (180 attack steps) took 34 s to compile and run one round at 1.1 GB peak, 36 (360) 105 s
+# at 1.9 GB; 90 steps (900) with the attack loop rolled 238 s at 4.6 GB, while the Fashion-MNIST cell's 155 steps
+# with it unrolled had not compiled after 9 min at 17 GB. A rolled loop costs 2.2x per round at 36 steps.
+# Beyond this many attack steps per client program ``auto`` rolls the loop.
 TRAINING_ATTACK_UNROLL_BUDGET = 400
 
 
@@ -145,7 +146,7 @@ def training_attack_unroll(value, conv: bool, local_steps: int, attack_steps: in
 
   ``auto``: :func:`attack_unroll`'s choice (unrolled on the CPU for conv nets), except that a client program of
   more than :data:`TRAINING_ATTACK_UNROLL_BUDGET` attack steps (``local_steps`` x ``attack_steps``) keeps a rolled
-  loop, so that E = 5 on Fashion-MNIST compiles in minutes, not in tens of minutes and 17 GB. ``true`` / ``false``
+  loop, so that E = 5 on Fashion-MNIST compiles in minutes, not in tens of minutes at 17 GB. ``true`` / ``false``
   / an int: that unroll. FEDJAX_ROBUST_ATTACK_UNROLL, when set to anything but ``auto``, overrides both."""
   import os
   if os.environ.get("FEDJAX_ROBUST_ATTACK_UNROLL", "auto").lower() != "auto":
