@@ -308,7 +308,7 @@ def test_training_attack_unroll_rolls_the_loop_past_the_budget(monkeypatch):
   assert training_attack_unroll("auto", True, budget // 10, 10) is True  # exactly at the budget: unrolled
   assert training_attack_unroll("auto", True, budget // 10 + 1, 10) == 1  # one step more: rolled
   assert training_attack_unroll("auto", True, 80, 10) == 1  # FedALC Fashion-MNIST, E = 5 (800 attack steps)
-  assert training_attack_unroll("auto", True, 25, 10) is True  # FedALC MNIST, E = 1: 19-25 steps (190-250) in the stored cells
+  assert training_attack_unroll("auto", True, 25, 10) is True  # stored MNIST E = 1 cells: 19-25 steps
   assert training_attack_unroll("auto", False, 16, 10) == 1  # no convolutions: a rolled loop is fast
   assert training_attack_unroll("true", True, 80, 10) is True
   assert training_attack_unroll("false", True, 16, 10) == 1
