@@ -43,20 +43,6 @@ def time_rounds(exp, rounds: int) -> tuple[float, float, object, dict]:
   return first, (time.perf_counter() - t0) / rounds, state, metrics
 
 
-def program_size(config, exp) -> tuple[int, object]:
-  """(local steps in one client program, the training attack's loop unroll the experiment resolved; None for
-  clean training)."""
-  from fedjax_robust.adversarial import training_attack_unroll
-  from fedjax_robust.client import LocalTrainSpec, num_local_steps
-  from fedjax_robust.compilation import has_conv
-  spec = LocalTrainSpec(int(config.client.epochs), int(config.client.batch_size), bool(config.client.drop_last))
-  steps = num_local_steps(int(exp.data.x_train.shape[1]), spec)
-  if config.adversarial.objective == "ce":  # clean training: no attack loop
-    return steps, None
-  return steps, training_attack_unroll(config.adversarial.unroll, has_conv(exp.params), steps,
-                                       int(config.adversarial.steps))
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", default="experiments/configs/fedalc_mnist.py:fedalc,0.1")
@@ -83,10 +69,9 @@ def main():
       grid.apply_overrides(config, args.set)
       exp = build_experiment(config)
       first, per_round, state, _ = time_rounds(exp, args.rounds)
-      steps, unroll = program_size(config, exp)
       result["pairs"][f"{objective}/{strategy}"] = {"first_round_s": first, "round_s": per_round,
-                                                   "rounds_per_s": 1.0 / per_round, "local_steps": steps,
-                                                   "attack_unroll": unroll}
+                                                   "rounds_per_s": 1.0 / per_round, "local_steps": exp.local_steps,
+                                                   "attack_unroll": exp.attack_unroll}
       print(f"{objective:>8s} {strategy:>10s}: first round {first:7.1f} s, then {per_round:7.2f} s/round "
             f"({1.0 / per_round:.3f} rounds/s)", flush=True)
       if args.eval_examples and not robust_done:

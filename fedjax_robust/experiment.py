@@ -202,6 +202,8 @@ class Experiment:
   # hparams -> the algorithm rebuilt with those config values replaced (tracers in a grid program)
   algorithm_with: Any = None
   pretrain: Any = None  # the warm start's per-round records (init.pretrain_rounds > 0), else None
+  local_steps: int = 0  # local steps in one (padded) client program
+  attack_unroll: bool | int | None = None  # the training attack's loop unroll (adversarial objectives), else None
 
   def init_state(self) -> SimState:
     return self.simulator.init(self.params, self.config.seed, self.model_state or None)
@@ -474,16 +476,17 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         bool(config.client.shuffle), unroll, augment)
   if spec.epochs < 1 or spec.batch_size < 1:
     raise ValueError(f"client.epochs and client.batch_size must be >= 1, got {spec.epochs}, {spec.batch_size}")
-  warning = long_unroll_warning(unroll, num_local_steps(int(data.x_train.shape[1]), spec))
+  local_steps = num_local_steps(int(data.x_train.shape[1]), spec)  # one client program, padded to the largest
+  warning = long_unroll_warning(unroll, local_steps)
   if warning:
     logger.warning(warning)
   attack_unroll = None
   if objective.adversarial:  # one attack loop per local step: keep the unrolled client program compilable
-    attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), conv,
-                                           num_local_steps(int(data.x_train.shape[1]), spec), int(adversarial_cfg.steps))
+    attack_steps = int(adversarial_cfg.steps)
+    attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), conv, local_steps, attack_steps)
     objective = objective_from_config(adversarial_cfg, attack_unroll)
     logger.info("training attack: %d local steps x %d attack steps per client program, attack loop unroll %s",
-                num_local_steps(int(data.x_train.shape[1]), spec), int(adversarial_cfg.steps), attack_unroll)
+                local_steps, attack_steps, attack_unroll)
   strategy_name = config.engine.strategy
   if jax.process_count() > 1:  # jax.distributed: only a mesh over every process's devices shares the clients out
     if strategy_name not in ("auto", "shard_map"):
@@ -525,7 +528,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         eval_options={} if robust_eval is None else {"robust": robust_eval},
                         global_test_rows=global_test_rows(config, data))
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
-                    algorithm_with, pretrain_records)
+                    algorithm_with, pretrain_records, local_steps, attack_unroll)
 
 
 # ------------------------------------------------------------------------------------------ run directory

@@ -18,7 +18,8 @@ from fedjax_robust.adversarial.objectives import (OBJECTIVES, Objective, adversa
 
 __all__ = [
     "CWParams", "LinfParams", "bim", "cross_entropy", "cw_l2", "cw_linf", "cw_margin", "fgsm", "linf_ascent", "pgd",
-    "project_linf", "training_attack_unroll", "calibrate_logits", "calibrated_cross_entropy", "calibration_weights", "class_counts",
+    "project_linf", "training_attack_unroll", "calibrate_logits", "calibrated_cross_entropy", "calibration_weights",
+    "class_counts",
     "RobustEvalSpec", "default_robust_eval_config", "evaluate_robust", "robust_accuracy", "robust_eval_from_config",
     "OBJECTIVES", "Objective", "adversarial_config", "objective_from_config", "register_objective",
 ]
