@@ -40,7 +40,8 @@ def add_common_args(parser: argparse.ArgumentParser, out_dir: str | None) -> Non
 
 
 def apply_overrides(config, items: Iterable[str]):
-  """``KEY=VALUE`` overrides (dotted keys, Python-literal values) applied to an ml_collections config in place."""
+  """``KEY=VALUE`` overrides (dotted keys, Python-literal values) applied to an ml_collections config in place; a
+  str field keeps the text as given (``engine.host_chunk=16`` stays ``"16"``, as ``--config.engine.host_chunk=16``)."""
   for item in items:
     key, sep, raw = item.partition("=")
     if not sep:
@@ -53,6 +54,8 @@ def apply_overrides(config, items: Iterable[str]):
     node = config
     for p in path:
       node = node[p]
+    if isinstance(node.get(leaf), str) and not isinstance(value, str):
+      value = raw  # a str field that also takes numbers ("auto" | int, e.g. engine.unroll) keeps the text, as run.py
     node[leaf] = value
   return config
 

@@ -45,6 +45,7 @@ from fedjax_robust.execution import default_strategy_name, is_primary, make_stra
 from fedjax_robust.metrics.evaluators import resolve_evaluators
 from fedjax_robust.models import as_model, get_model_from_config, make_model
 from fedjax_robust.models.interface import with_input_normalization
+from fedjax_robust.models.layers import resolve_conv_impl
 from fedjax_robust.optim import optimizer_from_config
 from fedjax_robust.pretrain import pretrain, pretrain_rounds
 from fedjax_robust.round_context import SERVER_DATA_NEEDS
@@ -151,9 +152,12 @@ def default_config() -> ml_collections.ConfigDict:
   })
   c.engine = ml_collections.ConfigDict({
       "strategy": "auto",  # auto | vmap | shard_map | sequential
-      "unroll": "auto",  # auto | true | false | int: lax.scan unroll of the local steps
+      # auto | true | false | int: lax.scan unroll of the local steps. auto: rolled, except for a conv net on the CPU
+      # with model.conv_impl xla or patches (unrolled: experiment.conv_loop_trap)
+      "unroll": "auto",
       # seeds/grid runs: auto | scan (the whole run one program) | python (one round program called per round;
-      # auto's choice on the CPU for conv nets, whose convolutions XLA:CPU runs slowly inside a loop): run.py
+      # auto's choice on the CPU for conv nets whose convolutions XLA:CPU runs slowly inside a loop: model.conv_impl
+      # xla or patches, experiment.conv_loop_trap): run.py
       "rounds_loop": "auto",
       # Ditto / FedCAP: run the pair's two models as two passes ('separate') or one vmapped pass ('stacked');
       # same numbers, speed differs per backend (benchmarks/step_latency.py --pair).
@@ -204,6 +208,7 @@ class Experiment:
   pretrain: Any = None  # the warm start's per-round records (init.pretrain_rounds > 0), else None
   local_steps: int = 0  # local steps in one (padded) client program
   attack_unroll: bool | int | None = None  # the training attack's loop unroll (adversarial objectives), else None
+  conv_loop_trap: bool = False  # conv_loop_trap(): loops holding this model's gradient convolutions run slowly
 
   def init_state(self) -> SimState:
     return self.simulator.init(self.params, self.config.seed, self.model_state or None)
@@ -247,10 +252,21 @@ def input_normalization(norm: dict, input_stats: str, channels: int):
   return mean, std
 
 
-def resolve_unroll(value, backend: str, conv: bool) -> bool | int:
-  """``auto``: fully unroll local steps on CPU for conv nets (XLA:CPU conv-in-loop trap, jax#12868)."""
+def conv_loop_trap(params, model_cfg, backend: str) -> bool:
+  """Whether XLA:CPU's conv-in-loop trap (jax-ml/jax#12868) applies: a conv net on the CPU whose convolutions are
+  differentiated by JAX (``model.conv_impl`` xla or patches), whose gradient convolutions run on XLA:CPU's naive
+  path inside a loop body. The default ``auto`` computes them in Eigen's order there (``canonical``,
+  ``models/layers.py``), so a rolled loop is as fast as an unrolled one and nothing needs unrolling."""
+  if backend != "cpu" or not has_conv(params):
+    return False
+  return resolve_conv_impl(str((model_cfg or {}).get("conv_impl", "auto")), backend) != "canonical"
+
+
+def resolve_unroll(value, trap: bool) -> bool | int:
+  """``auto``: fully unroll the local steps only under the conv-in-loop trap (:func:`conv_loop_trap`), else a
+  rolled ``lax.scan``; ``true`` / ``false`` / an int: that unroll."""
   if value == "auto":
-    return True if (backend == "cpu" and conv) else 1
+    return True if trap else 1
   if isinstance(value, str):
     return {"true": True, "false": 1}.get(value.lower(), None) or int(value)
   return 1 if value is False else value
@@ -264,13 +280,13 @@ LONG_UNROLL_STEPS = 64
 
 def long_unroll_warning(unroll, local_steps: int) -> str | None:
   """The warning a run logs when ``engine.unroll`` puts more than :data:`LONG_UNROLL_STEPS` unrolled local steps in
-  one client program (the CPU default for conv nets), else None."""
+  one client program (``engine.unroll=true``, or auto under the conv-in-loop trap), else None."""
   if unroll is not True or local_steps <= LONG_UNROLL_STEPS:
     return None
   return (f"engine.unroll unrolls {local_steps} local steps into one client program: on the CPU its compile time and "
           f"memory grow faster than the step count (90 steps of a small CNN: ~3 min and 4.5 GB; 180: over 8 min and "
-          f"17 GB, benchmarks/README.md §5). Fewer steps per round (client.epochs, a larger client.batch_size), "
-          f"engine.unroll=false (compiles in seconds, each step ~5x slower) or a GPU avoid it")
+          f"17 GB, benchmarks/README.md §5). model.conv_impl=auto (canonical on the CPU) with engine.unroll=auto "
+          f"rolls the loop at full speed; fewer steps per round or a GPU also avoid it")
 
 
 def cohort_size(config, num_clients: int) -> int:
@@ -470,7 +486,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
     params, model_state, pretrain_records = pretrain(config, clean)
   backend = jax.default_backend()
   conv = has_conv(params)
-  unroll = resolve_unroll(config.engine.unroll, backend, conv)
+  trap = conv_loop_trap(params, config.model, backend)
+  unroll = resolve_unroll(config.engine.unroll, trap)
   augment = augmentation_from_config(config.data.get("augment", ""), data.feature_shape, norm, stats)  # training only
   spec = LocalTrainSpec(int(config.client.epochs), int(config.client.batch_size), bool(config.client.drop_last),
                         bool(config.client.shuffle), unroll, augment)
@@ -483,7 +500,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   attack_unroll = None
   if objective.adversarial:  # one attack loop per local step: keep the unrolled client program compilable
     attack_steps = int(adversarial_cfg.steps)
-    attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), conv, local_steps, attack_steps)
+    attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), trap, local_steps, attack_steps)
     objective = objective_from_config(adversarial_cfg, attack_unroll)
     logger.info("training attack: %d local steps x %d attack steps per client program, attack loop unroll %s",
                 local_steps, attack_steps, attack_unroll)
@@ -528,7 +545,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
                         eval_options={} if robust_eval is None else {"robust": robust_eval},
                         global_test_rows=global_test_rows(config, data))
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
-                    algorithm_with, pretrain_records, local_steps, attack_unroll)
+                    algorithm_with, pretrain_records, local_steps, attack_unroll, trap)
 
 
 # ------------------------------------------------------------------------------------------ run directory

@@ -21,12 +21,14 @@ registry entry declares ``traced``, e.g. FedCAP's alpha, phi, lambda, T_norm) to
 algorithm is built inside it with those values as tracers (``fedjax_robust.hparams``), one lane per
 (seed, point), each equal to the separate run with those values.
 
-On the CPU with a conv net the rounds do NOT run inside ``lax.scan``: XLA:CPU rewrites convolutions into the layout
-its Eigen kernels take only in a program's entry computation, so every gradient convolution of a round inside the
-scan's loop body runs on its naive path (two seeds of a reduced FedCAC run on ResNet-8: 109.7 s of running in the
-scan against 13.0 s called from Python, ``benchmarks/README.md`` §4). There ``engine.rounds_loop='auto'`` resolves to ``'python'``
+Under XLA:CPU's conv-in-loop trap (a conv net on the CPU with ``model.conv_impl`` xla or patches) the rounds do NOT
+run inside ``lax.scan``: XLA:CPU rewrites convolutions into the layout its Eigen kernels take only in a program's
+entry computation, so every gradient convolution JAX writes inside the scan's loop body runs on its naive path (two
+seeds of a reduced FedCAC run on ResNet-8: 109.7 s of running in the scan against 13.0 s called from Python,
+``benchmarks/README.md`` §4). There ``engine.rounds_loop='auto'`` resolves to ``'python'``
 (:func:`resolve_rounds_loop`): the same lanes are vmapped into one compiled ROUND program and one evaluation
-program, called from a Python loop over rounds (:func:`run_stepwise`), with the same trace.
+program, called from a Python loop over rounds (:func:`run_stepwise`), with the same trace. The default conv impl
+(``auto``: ``canonical`` on the CPU) writes its gradient convolutions in Eigen's order, so the scan is used.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import numpy as np
 
 from fedjax_robust import client_weights
 from fedjax_robust.client import ClientData
-from fedjax_robust.compilation import has_conv, jit
+from fedjax_robust.compilation import jit
 from fedjax_robust.execution import is_traceable
 from fedjax_robust.simulation import RunInputs, SimState, Simulator
 
@@ -136,16 +138,17 @@ def make_run(sim: Simulator, rounds: int, eval_every: int, last_rounds: int = 0)
 ROUNDS_LOOPS = ("auto", "scan", "python")
 
 
-def resolve_rounds_loop(value: str, backend: str, conv: bool) -> str:
+def resolve_rounds_loop(value: str, trap: bool) -> str:
   """How a seeds/grid run loops over rounds: ``scan`` (the whole run one program, :func:`make_run`) or ``python``
   (one compiled round program and one evaluation program called per round, :func:`run_stepwise`). ``auto``:
-  ``python`` on the CPU for conv nets (XLA:CPU leaves the convolutions of a loop body off Eigen, the trap the
-  unrolled local steps avoid, jax-ml/jax#12868), ``scan`` elsewhere."""
+  ``python`` under the conv-in-loop trap (``trap``: ``experiment.conv_loop_trap``, a conv net on the CPU with
+  ``model.conv_impl`` xla or patches, whose gradient convolutions XLA:CPU runs off Eigen inside a loop body,
+  jax-ml/jax#12868), ``scan`` elsewhere."""
   value = str(value or "auto").strip().lower()
   if value not in ROUNDS_LOOPS:
     raise ValueError(f"engine.rounds_loop must be one of {ROUNDS_LOOPS}, got {value!r}")
   if value == "auto":
-    return "python" if (backend == "cpu" and conv) else "scan"
+    return "python" if trap else "scan"
   return value
 
 
@@ -323,8 +326,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
   build_s = time.perf_counter() - t_build
   rounds, eval_every = int(config.rounds), int(config.eval_every)
   last_rounds = int(config.get("eval", {}).get("last_rounds", 0))
-  rounds_loop = resolve_rounds_loop(config.engine.get("rounds_loop", "auto"), jax.default_backend(),
-                                    has_conv(experiments[0].params))
+  rounds_loop = resolve_rounds_loop(config.engine.get("rounds_loop", "auto"), experiments[0].conv_loop_trap)
   if points:  # every (seed, point) lane carries its own state
     grid = {k: jnp.asarray([p[k] for p in points], jnp.float32) for k in points[0]}
     lane_sim = lambda h: sims[0].with_algorithm(experiments[0].algorithm_with(h))

@@ -341,29 +341,35 @@ def test_training_attack_loop_unroll_changes_no_number(trained_linear, dropout_c
 
 
 def test_experiment_resolves_the_training_attack_unroll_from_its_local_steps(monkeypatch):
-  """The experiment hands the objective the unroll its client program can afford: a conv net on the CPU keeps the
-  attack unrolled for a short local loop and rolls it for a long one (``adversarial.unroll=auto``)."""
+  """The experiment hands the objective the unroll its client program can afford. Under the conv-in-loop trap (a
+  conv net on the CPU with ``model.conv_impl=xla``) the attack stays unrolled for a short local loop and rolls for
+  a long one (``adversarial.unroll=auto``); with the default conv impl (``auto``: canonical on the CPU) there is no
+  trap, and the local steps and the attack are rolled loops at any length."""
   import ml_collections
   import fedjax_robust.experiment as experiment_module
   from fedjax_robust.experiment import build_experiment, default_config
   monkeypatch.delenv("FEDJAX_ROBUST_ATTACK_UNROLL", raising=False)
-  seen = []
   original = experiment_module.objective_from_config
-  monkeypatch.setattr(experiment_module, "objective_from_config",
-                      lambda cfg, attack_unroll=None: seen.append(attack_unroll) or original(cfg, attack_unroll))
-  for epochs in (1, 20):  # 2 clients of up to 810 digits, batch 64: 13 local steps per epoch (130 and 2,600 attack steps)
-    c = default_config()
-    c.data.name, c.data.num_clients, c.data.normalize = "digits", 2, False
-    c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4})  # a tiny conv net
-    c.client.epochs, c.client.batch_size = epochs, 64
-    c.adversarial.objective, c.adversarial.steps = "pgd_at", 10
-    build_experiment(c)
-  assert [u for u in seen if u is not None] == [True, 1], seen
+  for impl, expected in (("xla", [True, 1]), ("auto", [1, 1])):
+    seen, experiments = [], []
+    monkeypatch.setattr(experiment_module, "objective_from_config",
+                        lambda cfg, attack_unroll=None: seen.append(attack_unroll) or original(cfg, attack_unroll))
+    for epochs in (1, 20):  # 2 clients of up to 810 digits, batch 64: 13 local steps per epoch (130, 2,600 attack steps)
+      c = default_config()
+      c.data.name, c.data.num_clients, c.data.normalize = "digits", 2, False
+      c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4, "conv_impl": impl})
+      c.client.epochs, c.client.batch_size = epochs, 64
+      c.adversarial.objective, c.adversarial.steps = "pgd_at", 10
+      experiments.append(build_experiment(c))
+    assert [u for u in seen if u is not None] == expected, (impl, seen)
+    assert [e.conv_loop_trap for e in experiments] == [impl == "xla"] * 2
+    assert [e.unroll for e in experiments] == ([True, True] if impl == "xla" else [1, 1])
 
 
 def test_a_long_unrolled_client_program_is_announced(caplog):
-  """More than LONG_UNROLL_STEPS unrolled local steps (the CPU default for conv nets) log one warning naming the
-  step count and the ways out; a short program, or a rolled one, logs none."""
+  """More than LONG_UNROLL_STEPS unrolled local steps (the CPU's choice under the conv-in-loop trap,
+  ``model.conv_impl=xla``) log one warning naming the step count and the ways out; a short program, or a rolled one
+  (the default conv impl at any length), logs none."""
   import logging
   import ml_collections
   from fedjax_robust.experiment import LONG_UNROLL_STEPS, build_experiment, default_config, long_unroll_warning
@@ -371,10 +377,10 @@ def test_a_long_unrolled_client_program_is_announced(caplog):
   assert str(LONG_UNROLL_STEPS + 1) in long_unroll_warning(True, LONG_UNROLL_STEPS + 1)
   assert long_unroll_warning(1, 10 * LONG_UNROLL_STEPS) is None
   assert long_unroll_warning(5, 10 * LONG_UNROLL_STEPS) is None
-  for epochs, expected in ((1, 0), (10, 1)):  # 2 clients of up to 810 digits at batch 64: 13 steps per epoch
+  for impl, epochs, expected in (("xla", 1, 0), ("xla", 10, 1), ("auto", 10, 0)):  # 13 steps per epoch
     c = default_config()
     c.data.name, c.data.num_clients, c.data.normalize = "digits", 2, False
-    c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4})
+    c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4, "conv_impl": impl})
     c.client.epochs, c.client.batch_size = epochs, 64
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fedjax_robust"):

@@ -127,6 +127,22 @@ def test_one_step_local_training_of_a_conv_net_keeps_its_convolutions_on_eigen()
                              np.asarray(jax.jit(lambda p: train(p, 1))(w)), rtol=1e-6, atol=1e-7)
 
 
+def test_canonical_conv_keeps_a_rolled_loops_gradient_convolutions_on_eigen():
+  """The root fix of the trap above: ``conv_impl='canonical'`` (the CPU default, ``models/layers.py``) writes the
+  gradient convolutions in Eigen's order itself, so a ROLLED scan of SGD steps compiles with no convolution off
+  Eigen (the ``xla`` form leaves two of them off) and gives the same parameters as JAX's unrolled gradient."""
+  from fedjax_robust.models.layers import conv_canonical
+  x = jax.random.normal(jax.random.key(0), (3, 4, 8, 8, 3))
+  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  canonical_loss = lambda x, w: jnp.sum(jnp.tanh(conv_canonical(x, w, (1, 1), "VALID")) ** 2)
+  canonical_step = lambda w, x: (w - 0.1 * jax.grad(canonical_loss, argnums=1)(x, w), None)
+  rolled = lambda w, x: jax.lax.scan(canonical_step, w, x)[0]
+  assert _off_eigen_convolutions(lambda w, x: jax.lax.scan(_grad_step, w, x)[0], w, x)
+  assert not _off_eigen_convolutions(rolled, w, x)
+  np.testing.assert_array_equal(np.asarray(jax.jit(rolled)(w, x)),
+                                np.asarray(jax.jit(lambda w, x: compilation.scan(_grad_step, w, x, unroll=True)[0])(w, x)))
+
+
 def test_has_conv_keys_on_four_dimensional_parameters():
   assert compilation.has_conv({"dense": {"kernel": jnp.zeros((3, 2))}, "conv": {"kernel": jnp.zeros((3, 3, 1, 2))}})
   assert not compilation.has_conv({"dense": {"kernel": jnp.zeros((3, 2)), "bias": jnp.zeros(2)}})

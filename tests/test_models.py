@@ -312,7 +312,7 @@ def test_conv_impl_registered_on_every_conv_model():
   for name in models.MODELS:
     assert ("conv_impl" in models.model_kwargs(name)) == (name in conv_names)
     if name in conv_names:
-      assert get_model(name, 10).conv_impl == "xla"  # default unchanged
+      assert get_model(name, 10).conv_impl == "auto"  # canonical on the CPU, xla elsewhere
 
 
 @pytest.mark.parametrize("name,kwargs,shape,num_classes", CONV_MODELS,
@@ -334,15 +334,17 @@ def test_conv_impl_same_init_values():
   jax.tree_util.tree_map(np.testing.assert_array_equal, got, ref)
 
 
-@pytest.mark.parametrize("padding,strides", [
-    ("VALID", (1, 1)), (2, (1, 1)), ((1, 0), (2, 1)), ("SAME", (2, 2)),
-    (((1, 2), (0, 3)), (1, 2))])
-def test_torch_conv_patches_matches_xla(padding, strides):
+CONV_GEOMETRIES = [("VALID", (1, 1)), (2, (1, 1)), ((1, 0), (2, 1)), ("SAME", (2, 2)), (((1, 2), (0, 3)), (1, 2))]
+
+
+@pytest.mark.parametrize("impl", ["patches", "canonical"])
+@pytest.mark.parametrize("padding,strides", CONV_GEOMETRIES)
+def test_torch_conv_impl_matches_xla(padding, strides, impl):
   """The layer alone, over paddings / strides, with a non-square kernel."""
   x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 11, 13, 3)),
                   jnp.float32)
-  xla = TorchConv(4, (5, 3), strides=strides, padding=padding)
-  pat = TorchConv(4, (5, 3), strides=strides, padding=padding, impl="patches")
+  xla = TorchConv(4, (5, 3), strides=strides, padding=padding, impl="xla")
+  pat = TorchConv(4, (5, 3), strides=strides, padding=padding, impl=impl)
   p = _np_params(xla, x.shape[1:], scale=0.5)
   with jax.default_matmul_precision("highest"):
     np.testing.assert_allclose(pat.apply({"params": p}, x),
@@ -350,13 +352,47 @@ def test_torch_conv_patches_matches_xla(padding, strides):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel,padding,strides", [((5, 3), p, s) for p, s in CONV_GEOMETRIES] + [
+    ((1, 1), "VALID", (2, 2)),  # ResNet's projection shortcut: the forward pass never reads the last row/column
+    ((7, 7), 3, (2, 2)),  # ResNet-18's stem
+    ((3, 3), 1, (2, 2)), ((2, 2), "VALID", (3, 3))])
+def test_canonical_conv_gradients_equal_xla(kernel, padding, strides):
+  """``conv_canonical``'s hand-written VJP (two NHWC x HWIO convolutions) against JAX's own gradient of
+  ``lax.conv_general_dilated``: input and kernel cotangents, alone and vmapped over per-client kernels (the
+  engine's client axis). On the CPU they are equal to the bit (same reductions); elsewhere to float32 rounding."""
+  from fedjax_robust.models.layers import _conv_padding, conv_canonical
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.normal(size=(3, 11, 13, 4)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=kernel + (4, 5)), jnp.float32)
+  ws = jnp.stack([w, 0.5 * w])
+  pad = _conv_padding(padding)
+  reference = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, pad, dimension_numbers=("NHWC", "HWIO",
+                                                                                              "NHWC"))
+  canonical = lambda x, w: conv_canonical(x, w, strides, pad)
+
+  def grads(conv):
+    loss = lambda x, w: jnp.sum(jnp.sin(conv(x, w)))
+    return jax.grad(loss, (0, 1))(x, w), jax.vmap(jax.grad(loss, (0, 1)), in_axes=(None, 0))(x, ws)
+
+  want, got = jax.jit(lambda: grads(reference))(), jax.jit(lambda: grads(canonical))()
+  exact = jax.default_backend() == "cpu"
+  for r, g in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    assert g.shape == r.shape
+    if exact:
+      np.testing.assert_array_equal(g, r)
+    else:
+      np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(r))))
+  np.testing.assert_array_equal(canonical(x, w), reference(x, w))
+
+
+@pytest.mark.parametrize("impl", ["patches", "canonical"])
 @pytest.mark.parametrize("name,kwargs,shape,num_classes", CONV_MODELS,
                          ids=[c[0] for c in CONV_MODELS])
-def test_conv_impl_patches_matches_xla(name, kwargs, shape, num_classes):
+def test_conv_impl_matches_xla(name, kwargs, shape, num_classes, impl):
   """Logits, features, param and input gradients, and the forward vmapped over
   3 clients' params (per-client and shared data) agree between impls."""
-  xla = get_model(name, num_classes, **kwargs)
-  pat = get_model(name, num_classes, conv_impl="patches", **kwargs)
+  xla = get_model(name, num_classes, conv_impl="xla", **kwargs)
+  pat = get_model(name, num_classes, conv_impl=impl, **kwargs)
   params = _np_params(xla, shape)
   stacked = jax.tree_util.tree_map(
       lambda a: jnp.stack([a * (1 + 0.3 * c) + 0.01 * c for c in range(3)]),

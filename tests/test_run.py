@@ -161,12 +161,12 @@ def test_grid_over_traced_hyperparameters_equals_separate_runs(tmp_path):
 
 def test_rounds_loop_resolution():
   from fedjax_robust.run import resolve_rounds_loop
-  assert resolve_rounds_loop("auto", "cpu", True) == "python"
-  assert resolve_rounds_loop("auto", "cpu", False) == "scan"
-  assert resolve_rounds_loop("auto", "gpu", True) == "scan"
-  assert resolve_rounds_loop("Python", "gpu", False) == "python"
+  assert resolve_rounds_loop("auto", True) == "python"  # the conv-in-loop trap (experiment.conv_loop_trap)
+  assert resolve_rounds_loop("auto", False) == "scan"
+  assert resolve_rounds_loop("Python", False) == "python"
+  assert resolve_rounds_loop("scan", True) == "scan"
   with pytest.raises(ValueError, match="rounds_loop"):
-    resolve_rounds_loop("while", "cpu", True)
+    resolve_rounds_loop("while", True)
 
 
 @pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)

@@ -104,7 +104,7 @@ class _TwoConvCNN(nn.Module):
   num_classes: int = 10
   fc_dim: int = 512
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   conv_features = (32, 64)
   kernel_size = (5, 5)
@@ -187,7 +187,7 @@ class LeNet5(nn.Module):
   num_classes: int = 10
   conv1_padding: int = 2
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   penultimate = "fc2"
 
@@ -239,7 +239,7 @@ class AlexNet28(nn.Module):
   num_classes: int = 10
   dropout_rate: float = 0.5
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   conv_features = (64, 192, 384, 256, 256)
   pool_after = (True, True, False, False, True)
@@ -285,7 +285,7 @@ class MnistCNN(nn.Module):
   num_classes: int = 10
   dropout_rate: float = 0.5
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   penultimate = "fc1"
 
@@ -329,7 +329,7 @@ class _FedCCConvNet(nn.Module):
   dropout_rate: float = 0.5  # before fc1 (CIFAR: the paper's p = 0.5, absent in the code: 0.0)
   head_dropout_rate: float = 0.0  # between fc1 and head (fMNIST: 0.5)
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   conv_features = (64, 64)
   kernel_size = (5, 5)
@@ -452,7 +452,7 @@ class BNCNN(nn.Module):
   momentum: float = 0.9  # flax convention: running = momentum * running + (1 - momentum) * batch (PyTorch 0.1)
   epsilon: float = 1e-5
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
 
   penultimate = "fc1"
   state_collections = ("batch_stats",)

@@ -77,7 +77,7 @@ import numpy as np
 from flax import serialization, traverse_util
 
 from fedjax_robust.models.layers import (INIT_SCHEMES, TorchBatchNorm, TorchDense, _conv_padding,
-                                         check_conv_impl, conv_patches,
+                                         check_conv_impl, conv2d,
                                          torch_uniform_init)
 
 CONV_INITS = ("kaiming", "default")
@@ -101,7 +101,7 @@ class ResNetConv(nn.Module):
   padding: int = 0
   conv_init: str = "kaiming"
   init_scheme: str = "torch"
-  impl: str = "xla"
+  impl: str = "auto"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -115,10 +115,7 @@ class ResNetConv(nn.Module):
       init = nn.initializers.lecun_normal()
     kernel = self.param("kernel", init, (k, k, cin, self.features), jnp.float32)
     strides, padding = (self.strides, self.strides), _conv_padding(self.padding)
-    if self.impl == "patches":
-      return conv_patches(x, kernel, strides, padding)
-    return jax.lax.conv_general_dilated(x, kernel, window_strides=strides, padding=padding,
-                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return conv2d(x, kernel, strides, padding, self.impl)
 
 
 def _batch_norm(bn: TorchBatchNorm, x: jax.Array, train: bool, mask: Optional[jax.Array]) -> jax.Array:
@@ -154,7 +151,7 @@ class BasicBlock(nn.Module):
   epsilon: float = 1e-5
   conv_init: str = "kaiming"
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
   norm: str = "batch"
   num_groups: int = 32
 
@@ -192,7 +189,7 @@ class ResNet(nn.Module):
   epsilon: float = 1e-5
   conv_init: str = "kaiming"
   init_scheme: str = "torch"
-  conv_impl: str = "xla"
+  conv_impl: str = "auto"
   stem: str = "imagenet"
   norm: str = "batch"
   num_groups: int = 32  # GroupNorm only
