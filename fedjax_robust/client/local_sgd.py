@@ -5,7 +5,9 @@ shape. So client ``k`` with ``n_k`` real samples (out of ``n_max`` padded rows)
 runs the static number of steps of the largest client, and every step past its
 own ``ceil(n_k / B)`` per epoch (``floor`` with ``drop_last``) is an exact
 no-op: parameters AND optimizer state (momentum, Adam moments, step counts) are
-selected back to their previous values. A sequential implementation that loops
+left at their previous values (in a rolled loop a ``lax.cond`` skips the step, so a client
+trained alone pays for its own steps only; in unrolled code, and under ``vmap``, the step is
+computed and selected away). A sequential implementation that loops
 over ``ceil(n_k / B)`` batches therefore produces the same numbers.
 
 Shuffling: each epoch draws a fresh permutation of the client's ``n_k`` real
@@ -92,7 +94,7 @@ class LocalTrainSpec(NamedTuple):
   batch_size: int = 10
   drop_last: bool = False  # FedCAP's code drops the last partial batch.
   shuffle: bool = True  # FedCAP's code does not shuffle training loaders.
-  unroll: bool | int = 1  # lax.scan unroll; True avoids the XLA:CPU conv-in-loop trap.
+  unroll: bool | int = 1  # lax.scan unroll; True only under XLA:CPU's conv-in-loop trap (experiment.conv_loop_trap)
   # (x [B, H, W, C], key) -> x': training-time augmentation of every step's batch (data/augment.py's hashable
   # Augmentation; None = off). Only local training applies it: evaluation never augments.
   augment: Optional[Callable[[jax.Array, jax.Array], jax.Array]] = None
@@ -185,9 +187,8 @@ def local_train(
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def step(carry, inputs):
+  def train_step(carry, idx, mask, i):
     p, s, ms, loss_sum = carry
-    idx, mask, active, i = inputs
     step_key = jax.random.fold_in(jax.random.fold_in(step_root, i[0]), i[1])
     transform_key, loss_key = jax.random.split(step_key)
     x, y = data.x[idx], data.y[idx]
@@ -199,10 +200,16 @@ def local_train(
                                                           y, mask, transform_key))
     (loss, new_ms), grads = grad_fn(p, Batch(x, y, mask, loss_key, ms, clean))
     updates, new_s = optimizer.update(grads, s, p)
-    new_p = optax.apply_updates(p, updates)
-    carry = (_select(active, new_p, p), _select(active, new_s, s), _select(active, new_ms, ms),
-             loss_sum + jnp.where(active, loss, 0.0))
-    return carry, None
+    return optax.apply_updates(p, updates), new_s, new_ms, loss_sum + loss
+
+  def step(carry, inputs):
+    idx, mask, active, i = inputs
+    if spec.unroll is True:  # straight-line code: a padded step is computed, then selected away
+      return _select(active, train_step(carry, idx, mask, i), carry), None
+    # In a loop body a padded step is skipped (the sequential strategy pads every client to the largest; under
+    # vmap the cond becomes the same select). Not in unrolled code: branches are computations of their own, which
+    # XLA:CPU's conv-in-loop trap (experiment.conv_loop_trap) would leave off Eigen.
+    return jax.lax.cond(active, lambda c: train_step(c, idx, mask, i), lambda c: c, carry), None
 
   (params, opt_state, model_state, loss_sum), _ = compilation.scan(
       step, (params, opt_state, model_state, jnp.zeros((), jnp.float32)),
