@@ -22,7 +22,7 @@ bias). Everything is float32.
   over per-client kernels it lowers to a grouped convolution.
 * ``'canonical'``: the same forward convolution with a custom gradient made of two more convolutions in the
   dimension order XLA:CPU's Eigen kernels take (:func:`conv_canonical`), so a conv net's training step runs fast
-  inside a rolled ``lax.scan`` on the CPU (22 ms against 451 ms a step of FedALC's CNN-MNIST; unrolled 26 ms) and
+  inside a rolled ``lax.scan`` on the CPU (3.0 ms against 13.4 ms a step of FedALC's CNN-MNIST; unrolled 3.3) and
   loops need not be unrolled. Same numbers as ``'xla'`` (equal to the bit in the tests).
 * ``'patches'``: ``lax.conv_general_dilated_patches`` (im2col; it has no
   weights, so under ``vmap`` the client axis folds into the batch) followed by
@@ -193,9 +193,9 @@ def conv_canonical(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Arr
   ``b01f_01io->b01f``. JAX writes the gradient convolutions in other orders (``f01b_i01o->01bf`` for the
   kernel's, ``b01f_01oi->b01f`` for the input's) and XLA:CPU rewrites them ("conv canonicalization") in a
   program's entry computation only, so inside a ``lax.scan`` / ``while`` body they fell to the naive emitter:
-  local SGD of FedALC's CNN-MNIST at batch 32 took 451 ms a step rolled against 26 ms unrolled. In this form a
-  rolled step takes 22 ms (``benchmarks/README.md`` §1), so loops need not be unrolled and compile in
-  seconds. Same numbers as ``lax.conv_general_dilated``'s own gradient (``tests/test_models.py``); forward-mode
+  local SGD of FedALC's CNN-MNIST at batch 32 took 13.4 ms a step rolled against 3.3 ms unrolled. In this form a
+  rolled step takes 3.0 ms (``benchmarks/conv_loop.py``, ``benchmarks/README.md`` §5), so loops need not be
+  unrolled and compile in seconds. Same numbers as ``lax.conv_general_dilated``'s own gradient (``tests/test_models.py``); forward-mode
   differentiation (``jax.jvp``) is not defined for it.
   """
   strides = tuple(int(s) for s in strides)
