@@ -29,6 +29,7 @@ from flax import traverse_util
 from fedjax_robust import attacks, client_weights
 from fedjax_robust.adversarial import (adversarial_config, default_robust_eval_config, objective_from_config,
                                        robust_eval_from_config, training_attack_unroll)
+from fedjax_robust.adversarial.attacks import attack_unroll as eval_attack_unroll
 from fedjax_robust.aggregators import aggregator_from_config
 from fedjax_robust.aggregators.weighting import weighting_config
 from fedjax_robust.attacks.client_attacks import client_attack_from_config
@@ -498,6 +499,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   if warning:
     logger.warning(warning)
   attack_unroll = None
+  if robust_eval is not None:  # the evaluation attacks' loops: unrolled only under the trap (or the env override)
+    robust_eval = robust_eval_from_config(eval_cfg.get("robust"), unroll=eval_attack_unroll(trap))
   if objective.adversarial:  # one attack loop per local step: keep the unrolled client program compilable
     attack_steps = int(adversarial_cfg.steps)
     attack_unroll = training_attack_unroll(adversarial_cfg.get("unroll", "auto"), trap, local_steps, attack_steps)

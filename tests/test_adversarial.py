@@ -360,10 +360,14 @@ def test_experiment_resolves_the_training_attack_unroll_from_its_local_steps(mon
       c.model = ml_collections.ConfigDict({"name": "bn_cnn", "widths": (2,), "fc_dim": 4, "conv_impl": impl})
       c.client.epochs, c.client.batch_size = epochs, 64
       c.adversarial.objective, c.adversarial.steps = "pgd_at", 10
+      c.eval.metrics = "accuracy,robust"
       experiments.append(build_experiment(c))
     assert [u for u in seen if u is not None] == expected, (impl, seen)
     assert [e.conv_loop_trap for e in experiments] == [impl == "xla"] * 2
     assert [e.unroll for e in experiments] == ([True, True] if impl == "xla" else [1, 1])
+    # Robust evaluation's attack loops (FGSM, BIM, PGD, CW) follow the same trap flag.
+    unrolls = {p.unroll for e in experiments for _, _, p in e.simulator.eval_options["robust"].attacks}
+    assert unrolls == ({True} if impl == "xla" else {1}), unrolls
 
 
 def test_a_long_unrolled_client_program_is_announced(caplog):

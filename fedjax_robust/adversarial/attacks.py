@@ -65,6 +65,7 @@ class CWParams(NamedTuple):
   lr: float = 0.01
   early_stop: str = "example"
   torchattacks_margin: bool = False
+  unroll: bool | int | None = None  # the Adam loop's unroll; None = :func:`attack_unroll`'s choice for the model
 
 
 def cross_entropy(logits: jax.Array, y: jax.Array) -> jax.Array:
@@ -253,6 +254,6 @@ def cw_l2(logits_fn: LogitsFn, variables: PyTree, x: jax.Array, y: jax.Array, ke
     return jnp.where(keep, w, new_w), new_opt_state, best_adv, best_l2, prev, new_done
 
   init = (w0, opt.init(w0), x, jnp.full((b,), 1e10, x.dtype), jnp.full((b,), 1e10, x.dtype), jnp.zeros((b,), bool))
-  unroll = attack_unroll(compilation.has_conv(variables))
+  unroll = attack_unroll(compilation.has_conv(variables)) if params.unroll is None else params.unroll
   out = compilation.fori_loop(0, int(params.steps), step, init, unroll=unroll)[2]
   return jax.lax.stop_gradient(out)

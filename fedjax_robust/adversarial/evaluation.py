@@ -24,18 +24,19 @@ from fedjax_robust.adversarial.attacks import CWParams, LinfParams, bim, cw_l2, 
 PyTree = Any
 
 
-def _eval_attacks(cfg) -> dict[str, tuple[Callable, Any]]:
-  """Attack name -> (kernel, its parameters) from the ``eval.robust`` block."""
+def _eval_attacks(cfg, unroll=None) -> dict[str, tuple[Callable, Any]]:
+  """Attack name -> (kernel, its parameters) from the ``eval.robust`` block; ``unroll``: every attack loop's
+  (None = :func:`attacks.attack_unroll`'s choice for the model)."""
   eps, step, steps = float(cfg.eps), float(cfg.step_size), int(cfg.steps)
   cw = CWParams(float(cfg.cw_c), float(cfg.cw_kappa), int(cfg.cw_steps), float(cfg.cw_lr), str(cfg.cw_early_stop),
-                bool(cfg.cw_torchattacks_margin))
+                bool(cfg.cw_torchattacks_margin), unroll)
   return {
-      "fgsm": (fgsm, LinfParams(eps, eps, 1, False)),
-      "bim": (bim, LinfParams(eps, step, steps, False)),
-      "pgd": (pgd, LinfParams(eps, step, steps, True)),
-      "pgd20": (pgd, LinfParams(eps, step, 20, True)),  # stronger extra (not in the paper)
+      "fgsm": (fgsm, LinfParams(eps, eps, 1, False, unroll)),
+      "bim": (bim, LinfParams(eps, step, steps, False, unroll)),
+      "pgd": (pgd, LinfParams(eps, step, steps, True, unroll)),
+      "pgd20": (pgd, LinfParams(eps, step, 20, True, unroll)),  # stronger extra (not in the paper)
       "cw": (cw_l2, cw),
-      "cw_linf": (cw_linf, LinfParams(eps, step, 20, True)),  # stronger extra (not in the paper)
+      "cw_linf": (cw_linf, LinfParams(eps, step, 20, True, unroll)),  # stronger extra (not in the paper)
   }
 
 
@@ -61,7 +62,10 @@ class RobustEvalSpec(NamedTuple):
   batch_size: int
 
 
-def robust_eval_from_config(cfg) -> RobustEvalSpec:
+def robust_eval_from_config(cfg, unroll: bool | int | None = None) -> RobustEvalSpec:
+  """The ``eval.robust`` block, checked. ``unroll``: how every attack's step loop compiles (None: unrolled on the
+  CPU for conv nets, :func:`attacks.attack_unroll`; the experiment passes 1, a rolled loop, when its model's
+  convolutions are not under XLA:CPU's conv-in-loop trap, ``experiment.conv_loop_trap``)."""
   cfg = cfg if cfg is not None else default_robust_eval_config()
   names = [n for n in str(cfg.attacks).replace(" ", "").split(",") if n]
   unknown = [n for n in names if n not in EVAL_ATTACK_NAMES]
@@ -71,7 +75,7 @@ def robust_eval_from_config(cfg) -> RobustEvalSpec:
     raise ValueError("eval.robust eps, step_size and steps must be >= 0")
   if int(cfg.examples) < 0 or int(cfg.batch_size) < 1:
     raise ValueError(f"eval.robust.examples must be >= 0 and batch_size >= 1, got {cfg.examples}, {cfg.batch_size}")
-  table = _eval_attacks(cfg)
+  table = _eval_attacks(cfg, unroll)
   if table["cw"][1].early_stop not in ("example", "batch", "none"):
     raise ValueError(f"eval.robust.cw_early_stop must be example, batch or none, got {cfg.cw_early_stop!r}")
   return RobustEvalSpec(tuple((n,) + table[n] for n in names), int(cfg.examples), int(cfg.batch_size))
