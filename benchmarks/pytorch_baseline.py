@@ -127,7 +127,10 @@ def parse_args(argv=None):
                       + " (model = the engine's flax FedAvgCNN; the others: same params, see variant_apply)")
   p.add_argument("--cpu-devices", "--cpu_devices", dest="cpu_devices", type=int, default=20,
                  help="forced host devices for shard_map (20 = one client per device)")
-  p.add_argument("--unroll", default="auto", help="engine local-step scan unroll: auto (True on CPU) | true | int")
+  p.add_argument("--unroll", default="auto", help="engine local-step scan unroll: auto (True on the CPU under the "
+                 "conv-in-loop trap, i.e. --conv_impl xla or patches; else rolled) | true | int")
+  p.add_argument("--conv_impl", default="auto", help="the JAX model's model.conv_impl: auto (canonical on the CPU) | "
+                 "xla | patches | canonical")
   p.add_argument("--lr", type=float, default=0.005)
   p.add_argument("--no_shuffle", "--no-shuffle", action="store_true", help="unshuffled batches on both sides")
   p.add_argument("--xla_flags", "--xla-flags", default="", help="appended to XLA_FLAGS before JAX starts")
@@ -697,12 +700,13 @@ def main(argv=None) -> None:
                                                                               else "_shuffled"),
                            lr=args.lr, shuffle=not args.no_shuffle)
   data = rps.make_data(wl)
-  model = rps.make_model(wl)
+  model = rps.make_model(wl, args.conv_impl)
   params = init_params(model, jax.random.key(args.seed), data.feature_shape)
   apply_fn = variant_apply(model, "model")
   samples = rps.samples_per_round(wl, data.n_train)
   if args.unroll == "auto":
-    unroll = True if backend == "cpu" else 1
+    from fedjax_robust.experiment import conv_loop_trap
+    unroll = True if conv_loop_trap(params, {"conv_impl": args.conv_impl}, backend) else 1
   else:
     unroll = True if args.unroll == "true" else int(args.unroll)
   TorchModel = torch_model_class(torch, wl.model, getattr(model, "hidden", ()))
