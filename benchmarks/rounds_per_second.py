@@ -372,8 +372,9 @@ def run_workload(wl: Workload, args, backend: str) -> dict:
   params = init_params(model, jax.random.key(args.seed), data.feature_shape)
   apply_fn = lambda p, x: model.apply({"params": p}, x)
   samples = samples_per_round(wl, data.n_train)
-  if args.unroll == "auto":
-    unroll = True if (backend == "cpu" and wl.conv) else 1
+  if args.unroll == "auto":  # the engine's rule (its --conv_impl choices, xla and patches, are both under the trap)
+    from fedjax_robust.experiment import conv_loop_trap
+    unroll = True if conv_loop_trap(params, {"conv_impl": args.conv_impl}, backend) else 1
   else:
     unroll = True if args.unroll == "true" else int(args.unroll)
   info = {"workload": wl.name, "model": wl.model, "params": count_params(params), "clients": data.num_clients,
