@@ -161,8 +161,9 @@ def default_config() -> ml_collections.ConfigDict:
       # xla or patches, experiment.conv_loop_trap): run.py
       "rounds_loop": "auto",
       # Ditto / FedCAP: run the pair's two models as two passes ('separate') or one vmapped pass ('stacked');
-      # same numbers, speed differs per backend (benchmarks/step_latency.py --pair).
-      "pair_forward": "separate",
+      # same numbers, speed differs per backend (benchmarks/step_latency.py). auto: separate on the CPU, stacked
+      # elsewhere (algorithms/ditto.py resolve_pair_forward)
+      "pair_forward": "auto",
       "num_devices": 0,  # shard_map mesh size; 0 = all devices
       "cpu_devices": 0,  # > 0: force this many XLA:CPU host devices (set before JAX starts)
       "eval_batch_size": 1024,

@@ -501,6 +501,23 @@ def test_stacked_pair_forward_gives_the_separate_passes_numbers(algorithm):
     make_fedcap(apply_fn, optax.sgd(0.1), SPEC, K, pair_forward="fused")
 
 
+def test_pair_forward_auto_is_separate_on_cpu_and_stacked_elsewhere():
+  """engine.pair_forward=auto (the default) picks the faster measured form per backend: separate on the CPU (grouped
+  convs are slow there), stacked on a GPU (half the kernel launches of a latency-bound step); explicit values pass
+  through, and 'auto' is a config value only (the algorithms take the resolved form)."""
+  from fedjax_robust.algorithms.ditto import resolve_pair_forward
+  assert resolve_pair_forward("auto", "cpu") == "separate"
+  assert resolve_pair_forward("auto", "gpu") == "stacked"
+  assert resolve_pair_forward("auto", "tpu") == "stacked"
+  assert resolve_pair_forward("stacked", "cpu") == "stacked"
+  assert resolve_pair_forward("separate", "gpu") == "separate"
+  assert resolve_pair_forward("auto") == ("separate" if jax.default_backend() == "cpu" else "stacked")
+  with pytest.raises(ValueError, match="pair_forward"):
+    resolve_pair_forward("fused", "gpu")
+  with pytest.raises(ValueError, match="pair_forward"):
+    make_fedcap(lambda p, x: x, optax.sgd(0.1), SPEC, K, pair_forward="auto")
+
+
 @pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP / LeNet programs: both sides alike)
 @pytest.mark.parametrize("strategy", ["vmap", "sequential"])
 def test_engine_fedcap_equals_the_plain_loop_reference(strategy):

@@ -34,7 +34,8 @@ first conv becomes one conv with twice the output channels, later ones a grouped
 conv). Same loss and gradients up to float rounding; which one is faster depends on
 the backend (a latency-bound GPU step launches half the kernels with ``stacked``;
 XLA:CPU runs grouped convs slowly), so it is an engine option
-(``engine.pair_forward``), measured in ``benchmarks/step_latency.py``.
+(``engine.pair_forward``), measured in ``benchmarks/step_latency.py``. ``auto`` (the
+default) picks by backend, :func:`resolve_pair_forward`.
 
 Evaluation: ``global_params`` = ``w`` (→ ``global_*`` metrics) and
 ``personal_params`` = ``v_k`` (→ ``client_acc_*`` / ``benign_acc_*``). FedCAP
@@ -65,10 +66,24 @@ ApplyFn = Callable[[PyTree, jax.Array], jax.Array]  # (params, x) -> logits
 PAIR_FORWARDS = ("separate", "stacked")
 
 
-def check_pair_forward(pair_forward: str) -> str:
-  if pair_forward not in PAIR_FORWARDS:
-    raise ValueError(f"pair_forward must be one of {PAIR_FORWARDS}, got {pair_forward!r}")
+def check_pair_forward(pair_forward: str, allow_auto: bool = False) -> str:
+  allowed = PAIR_FORWARDS + (("auto",) if allow_auto else ())
+  if pair_forward not in allowed:
+    raise ValueError(f"pair_forward must be one of {allowed}, got {pair_forward!r}")
   return pair_forward
+
+
+def resolve_pair_forward(pair_forward: str, backend: str | None = None) -> str:
+  """``auto`` -> ``separate`` on the CPU, ``stacked`` elsewhere; any other value is itself.
+
+  Measured (``benchmarks/README.md``, "FedCAP's model pair"): on an H200 one vmapped FedCAP CIFAR-10 step of the
+  pair takes 1.57 ms stacked against 2.48 ms separate, and a 100-round FedCAP run 26.0 s against 40.3 s; on the
+  2-core CPU the stacked pair is 5.8x slower (its second model's convolutions become grouped convolutions, which
+  XLA:CPU runs on a slow path). TPUs are unmeasured and follow the GPU (both are latency bound at these sizes).
+  """
+  if check_pair_forward(pair_forward, allow_auto=True) != "auto":
+    return pair_forward
+  return "separate" if (backend or jax.default_backend()) == "cpu" else "stacked"
 
 
 def pair_logits(apply_fn: ApplyFn, pair_forward: str = "separate"):

@@ -26,7 +26,7 @@ from fedjax_robust.aggregators import Aggregator, make_mean
 from fedjax_robust.aggregators.weighting import reweighted, weighting_from_config
 from fedjax_robust.algorithms.base import FedAlgorithm
 from fedjax_robust.attacks.requests import request_poisoner
-from fedjax_robust.algorithms.ditto import check_pair_forward, make_ditto
+from fedjax_robust.algorithms.ditto import make_ditto, resolve_pair_forward
 from fedjax_robust.algorithms.fedavg import make_fedavg, make_local
 from fedjax_robust.algorithms.fedcap import make_fedcap
 from fedjax_robust.algorithms.fedfomo import make_fedfomo
@@ -72,7 +72,7 @@ class BuildContext(NamedTuple):
   @property
   def pair_forward(self) -> str:
     engine = self.config.get("engine")
-    return check_pair_forward(str(engine.get("pair_forward", "separate")) if engine is not None else "separate")
+    return resolve_pair_forward(str(engine.get("pair_forward", "auto")) if engine is not None else "auto")
 
 
 class Options:
