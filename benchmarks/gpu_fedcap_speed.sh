@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One device call for issue 28 §6's two FedCAP targets on one GPU, in priority order under one deadline:
-#   1. one 100-round FedCAP CIFAR-10 run alone (run.py; target: under 30 s), engine.pair_forward=separate (default)
-#   2. the same run with pair_forward=stacked (one batched forward of the model pair; GPU comparison pending)
-#   3. the Table III cell still missing at 3 seeds (label_flip, one vmapped program, fedcap_tables.py)
-#   4. the 100-round run with model.conv_impl=canonical (the CPU's conv; unmeasured on a GPU)
-#   5. step_latency.py's default formulations with whatever time is left
+# One device call for issue 28 §6's FedCAP speed on one GPU, in priority order under one deadline:
+#   1. step_latency.py's default formulations (incl. engine_folded / pair_stacked_folded: model.conv_impl=folded)
+#   2. one 100-round FedCAP CIFAR-10 run alone with the defaults (run.py; target: under 30 s; pair_forward=auto is
+#      stacked on a GPU since 2026-11-28)
+#   3. the same run with model.conv_impl=folded (every conv's kernel gradient as one grouped conv of all clients)
+#   4. the same run with pair_forward=separate (the GPU default before 2026-11-28)
+#   5. FedCAP Table III at 3 seeds (fedcap_tables.py, one vmapped program per cell), as many cells as time allows
+#      (all 8 in one sitting is issue 28's target: under 10 minutes on an H100)
 # Each run directory / JSON is kept under OUT_DIR (run dirs as one tarball: the device returns at most 8 files).
+# 2026-11-28 (H200) ran an earlier order of this script: separate, stacked, LF at 3 seeds, canonical, step latency.
 #
 #   bash benchmarks/gpu_fedcap_speed.sh OUT_DIR DATA_DIR [DEADLINE_S]
 #
@@ -47,13 +50,15 @@ fedcap_run() {  # fedcap_run NAME [extra run.py flags...]
 export -f fedcap_run
 export py data runs SMOKE
 
-item fedcap100_separate 150 40 fedcap_run fedcap100_separate
-item fedcap100_stacked 150 40 fedcap_run fedcap100_stacked --config.engine.pair_forward=stacked
-item table3_label_flip_seeds 200 100 $py experiments/fedcap_tables.py --data_dir "$data" --seeds 0,1,2 \
-  --scenarios label_flip --out_dir "$runs/fedcap_cifar10_seeds" ${SMOKE_TABLE:-}
+item step_latency 200 45 $py benchmarks/step_latency.py --out "$out/step_latency_gpu.json" ${SMOKE_STEP:-}
+item fedcap100_auto 120 40 fedcap_run fedcap100_auto
+item fedcap100_folded 120 40 fedcap_run fedcap100_folded --config.model.conv_impl=folded
+item fedcap100_separate 120 40 fedcap_run fedcap100_separate --config.engine.pair_forward=separate
+table_budget=$((deadline - (SECONDS - start) - 70))
+item table3_seeds $((table_budget + 70)) 100 $py experiments/fedcap_tables.py --data_dir "$data" --seeds 0,1,2 \
+  --scenarios sign_flip,label_flip,none,scaling,lie,ipm,min_max,min_sum --stop_after_s "$table_budget" \
+  --out_dir "$runs/fedcap_cifar10_seeds" ${SMOKE_TABLE:-}
 cp "$runs"/fedcap_cifar10_seeds/results*.json "$out/" 2>/dev/null
-item fedcap100_canonical 120 40 fedcap_run fedcap100_canonical --config.model.conv_impl=canonical
-item step_latency 240 45 $py benchmarks/step_latency.py --out "$out/step_latency_gpu.json" ${SMOKE_STEP:-}
-tar czf "$out/runs.tgz" -C "$runs" . 2>/dev/null
+tar czf "$out/runs.tgz" --exclude=plots -C "$runs" . 2>/dev/null
 echo "total $((SECONDS - start))s" | tee -a "$out/log.txt"
 ls -la "$out"

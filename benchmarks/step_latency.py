@@ -12,6 +12,9 @@ Formulations (``name[@unroll]``; ``unroll`` is the ``lax.scan`` unroll factor, a
   engine       (a) the engine's own path: ``jax.vmap`` of ``fedjax_robust.client.local_sgd.local_train`` with
                FedAvg's masked loss and ``optax.sgd`` (index gather, padding masks, no-op selects, loss sum);
                the scan sits inside the vmap, so ``vmap`` turns each conv into a grouped convolution.
+  engine_folded  (a) with ``model.conv_impl=folded``: each conv's kernel gradient under ``vmap`` is the gradient
+               of one grouped conv of all clients (``batch_group_count = C``, as in ``grouped``), not JAX's
+               ``vmap`` of the per-client one (``fedjax_robust.models.layers.conv_folded``).
   vmap         ``lax.scan`` over steps of ``jax.vmap`` of a minimal one-client step (flax apply, mean CE,
                plain SGD): the same grouped convs without the engine's bookkeeping.
   grouped      (b) client axis folded into the conv channels by hand: activations ``[B, H, W, C*ch]``,
@@ -22,11 +25,11 @@ Formulations (``name[@unroll]``; ``unroll`` is the ``lax.scan`` unroll factor, a
                program, no inner ``while`` (XLA may schedule them freely).
   patches      (c) each conv as ``lax.conv_general_dilated_patches`` (clients folded into the batch: patch
                extraction has no weights) + a batched matmul ``einsum('cnk,cko->cno')``.
-  pair_separate, pair_stacked
+  pair_separate, pair_stacked, pair_stacked_folded
                FedCAP's / Ditto's client step: ``jax.vmap(local_train)`` of the pair loss
                ``CE(w) + CE(v) + lamda/2 ||v - anchor||^2`` on ``{w, v}`` (``fedjax_robust.algorithms.ditto``),
                with the two models' passes run separately or as one vmapped pass over the stacked pair
-               (``engine.pair_forward``). Two models per step, so they are checked against ``pair_separate@1``
+               (``engine.pair_forward``; ``_folded``: with ``conv_impl=folded``). Two models per step, so they are checked against ``pair_separate@1``
                (not ``engine@1``) and their TFLOP/s count both models; their rounds/s is FedCAP's local training.
   loop_floor   not a training step: per step, one batch slice and an elementwise update of every parameter.
                The floor of a scan step on this backend (loop + launch overhead); excluded from the check.
@@ -72,10 +75,10 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
 
-NAMES = ("engine", "vmap", "grouped", "lax_map", "client_loop", "patches", "pair_separate", "pair_stacked",
-         "loop_floor")
-DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,vmap,grouped,lax_map,client_loop,patches,pair_separate,pair_stacked,"
-                        "loop_floor")
+NAMES = ("engine", "engine_folded", "vmap", "grouped", "lax_map", "client_loop", "patches", "pair_separate",
+         "pair_stacked", "pair_stacked_folded", "loop_floor")
+DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,engine_folded,vmap,grouped,lax_map,client_loop,patches,pair_separate,"
+                        "pair_stacked,pair_stacked_folded,loop_floor")
 NOT_CHECKED = ("loop_floor",)
 REFERENCE = "engine@1"
 PAIR_REFERENCE = "pair_separate@1"  # reference of the two-model (FedCAP / Ditto) formulations
@@ -113,9 +116,9 @@ def per_epoch_for(steps: int, samples: int, batch: int) -> int:
   return max(d for d in range(1, min(steps, cap) + 1) if steps % d == 0)
 
 
-def make_model(s: Setting):
+def make_model(s: Setting, conv_impl: str = "auto"):
   from fedjax_robust.models import get_model
-  return get_model("fedavg_cnn", num_classes=s.num_classes, fc_dim=s.fc_dim)
+  return get_model("fedavg_cnn", num_classes=s.num_classes, fc_dim=s.fc_dim, conv_impl=conv_impl)
 
 
 def make_inputs(s: Setting, seed: int = 0):
@@ -241,14 +244,15 @@ def _stacked_step(forward, s: Setting):
 
 
 # ----------------------------------------------------------------------------------------------- builders
-def _vmapped_local_train(label: str, loss_for: Callable, start: Callable = lambda p: p):
+def _vmapped_local_train(label: str, loss_for: Callable, start: Callable = lambda p: p, conv_impl: str = "auto"):
   """Builder of ``jax.vmap(local_train)`` as the engine calls it (unshuffled, drop_last, plain SGD).
 
-  ``loss_for(apply_fn, p)``: the loss of the client whose params are ``p``; ``start(p)``: what it trains.
+  ``loss_for(apply_fn, p)``: the loss of the client whose params are ``p``; ``start(p)``: what it trains;
+  ``conv_impl``: the model's ``conv_impl`` (``folded``: the kernel gradient of all clients as one grouped conv).
   """
   def builder(s: Setting, steps: int, unroll):
     from fedjax_robust.client.local_sgd import ClientData, LocalTrainSpec, local_train
-    model = make_model(s)
+    model = make_model(s, conv_impl)
     apply_fn = lambda p, x: model.apply({"params": p}, x)
     opt = optax.sgd(s.lr)
     if steps % s.per_epoch:
@@ -274,8 +278,9 @@ def _fedavg_loss(apply_fn, p, s: Setting):
   return classification_loss(apply_fn)
 
 
-# (a) ``jax.vmap(local_train)`` exactly as the FedAvg client update calls it.
+# (a) ``jax.vmap(local_train)`` exactly as the FedAvg client update calls it; and with ``model.conv_impl=folded``.
 build_engine = _vmapped_local_train("engine", _fedavg_loss)
+build_engine_folded = _vmapped_local_train("engine_folded", _fedavg_loss, conv_impl="folded")
 
 
 def is_pair(name_or_label: str) -> bool:
@@ -287,12 +292,12 @@ def pair_start(p):
   return {"w": p, "v": jax.tree.map(lambda a: 0.5 * a, p)}
 
 
-def _build_pair(pair_forward: str):
+def _build_pair(pair_forward: str, conv_impl: str = "auto"):
   """FedCAP's / Ditto's client step on ``{w, v}``, the prox term anchored at the client's params (spec §1.5)."""
   def loss_for(apply_fn, p, s: Setting):
     from fedjax_robust.algorithms.ditto import ditto_pair_loss
     return ditto_pair_loss(apply_fn, p, s.lamda, pair_forward)
-  return _vmapped_local_train(f"{pair_forward} pair", loss_for, pair_start)
+  return _vmapped_local_train(f"{pair_forward} pair", loss_for, pair_start, conv_impl)
 
 
 def build_vmap(s: Setting, steps: int, unroll):
@@ -332,9 +337,10 @@ def build_loop_floor(s: Setting, steps: int, unroll):
   return lambda params, x, y: _scan_steps(step, params, x, y, steps, unroll, s)
 
 
-BUILDERS = {"engine": build_engine, "vmap": build_vmap, "grouped": build_grouped, "lax_map": build_lax_map,
+BUILDERS = {"engine": build_engine, "engine_folded": build_engine_folded, "vmap": build_vmap, "grouped": build_grouped, "lax_map": build_lax_map,
             "client_loop": build_client_loop, "patches": build_patches, "pair_separate": _build_pair("separate"),
-            "pair_stacked": _build_pair("stacked"), "loop_floor": build_loop_floor}
+            "pair_stacked": _build_pair("stacked"), "pair_stacked_folded": _build_pair("stacked", "folded"),
+            "loop_floor": build_loop_floor}
 
 
 def parse_formulation(text: str, default_unrolls=("1",)):

@@ -337,7 +337,7 @@ def test_conv_impl_same_init_values():
 CONV_GEOMETRIES = [("VALID", (1, 1)), (2, (1, 1)), ((1, 0), (2, 1)), ("SAME", (2, 2)), (((1, 2), (0, 3)), (1, 2))]
 
 
-@pytest.mark.parametrize("impl", ["patches", "canonical"])
+@pytest.mark.parametrize("impl", ["patches", "canonical", "folded"])
 @pytest.mark.parametrize("padding,strides", CONV_GEOMETRIES)
 def test_torch_conv_impl_matches_xla(padding, strides, impl):
   """The layer alone, over paddings / strides, with a non-square kernel."""
@@ -385,7 +385,43 @@ def test_canonical_conv_gradients_equal_xla(kernel, padding, strides):
   np.testing.assert_array_equal(canonical(x, w), reference(x, w))
 
 
-@pytest.mark.parametrize("impl", ["patches", "canonical"])
+@pytest.mark.parametrize("kernel,padding,strides", [((5, 3), "VALID", (1, 1)), ((3, 3), 1, (2, 2)),
+                                                    ((1, 1), "VALID", (2, 2)), ((2, 3), "SAME", (2, 1))])
+def test_folded_conv_gradients_equal_xla_under_every_vmap(kernel, padding, strides):
+  """``conv_folded``: JAX's values and gradients, and under ``vmap`` over clients the kernel gradient is ONE
+  ``batch_group_count = C`` convolution (the grouped conv's weight gradient), whichever operands are batched:
+  per-client data and kernels (the engine's ``vmap(grad)``), shared data (the stacked pair's ``grad(vmap)``),
+  shared kernels, and two nested client axes (seeds x clients)."""
+  from fedjax_robust.models.layers import _conv_padding, conv_folded
+  rng = np.random.default_rng(8)
+  xs = jnp.asarray(rng.normal(size=(3, 2, 9, 10, 4)), jnp.float32)  # [C, B, H, W, cin]
+  ws = jnp.asarray(rng.normal(size=(3,) + kernel + (4, 5)), jnp.float32)
+  pad = _conv_padding(padding)
+  reference = lambda x, w: jax.lax.conv_general_dilated(x, w, strides, pad, dimension_numbers=("NHWC", "HWIO",
+                                                                                              "NHWC"))
+  folded = lambda x, w: conv_folded(x, w, strides, pad)
+
+  def grads(conv):
+    g = jax.grad(lambda x, w: jnp.sum(jnp.sin(conv(x, w))), (0, 1))
+    return {"plain": g(xs[0], ws[0]),
+            "vmap_grad": jax.vmap(g)(xs, ws),
+            "grad_vmap_shared_x": jax.grad(lambda w: jnp.sum(jnp.sin(jax.vmap(conv, (None, 0))(xs[0], w))))(ws),
+            "vmap_grad_shared_w": jax.vmap(g, (0, None))(xs, ws[0]),
+            "nested": jax.vmap(jax.vmap(g))(jnp.stack([xs, 2 * xs]), jnp.stack([ws, -ws]))}
+
+  want, got = jax.jit(lambda: grads(reference))(), jax.jit(lambda: grads(folded))()
+  for r, g in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+    assert g.shape == r.shape
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5 * float(np.max(np.abs(r))))
+  np.testing.assert_array_equal(folded(xs[0], ws[0]), reference(xs[0], ws[0]))
+  loss = lambda x, w: jnp.sum(folded(x, w))
+  batched = str(jax.make_jaxpr(jax.vmap(jax.grad(loss, 1)))(xs, ws))
+  assert "batch_group_count=3" in batched
+  assert "batch_group_count=3" not in str(jax.make_jaxpr(jax.vmap(jax.grad(lambda x, w: jnp.sum(reference(x, w)),
+                                                                          1)))(xs, ws))
+
+
+@pytest.mark.parametrize("impl", ["patches", "canonical", "folded"])
 @pytest.mark.parametrize("name,kwargs,shape,num_classes", CONV_MODELS,
                          ids=[c[0] for c in CONV_MODELS])
 def test_conv_impl_matches_xla(name, kwargs, shape, num_classes, impl):

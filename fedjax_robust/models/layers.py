@@ -56,7 +56,7 @@ import jax.numpy as jnp
 from jax import lax
 
 INIT_SCHEMES = ("torch", "flax")
-CONV_IMPLS = ("auto", "xla", "patches", "canonical")
+CONV_IMPLS = ("auto", "xla", "patches", "canonical", "folded")
 
 Padding = Union[str, int, Sequence[int], Sequence[Sequence[int]]]
 
@@ -203,6 +203,79 @@ def conv_canonical(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Arr
   return _conv_canonical(x, kernel, strides, pads)
 
 
+def _plain_conv(x, kernel, strides, pads, groups: int = 1):
+  return lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_NHWC, feature_group_count=groups)
+
+
+def _kernel_grad(x, g, kernel_shape, strides, pads, groups: int = 1):
+  """JAX's own cotangent of the kernel of ``_plain_conv(x, kernel)`` for the output cotangent ``g``."""
+  zeros = jnp.zeros(kernel_shape, x.dtype)
+  return jax.vjp(lambda k: _plain_conv(x, k, strides, pads, groups), zeros)[1](g)[0]
+
+
+def _fold_clients(a):
+  """``[C, B, H, W, ch]`` -> ``[B, H, W, C*ch]``: the client axis folded into the channels, client-major."""
+  c, b, h, w, ch = a.shape
+  return jnp.moveaxis(a, 0, 3).reshape(b, h, w, c * ch)
+
+
+def _folded_kernel_grad(kernel_shape, strides, pads):
+  """The kernel cotangent as a ``custom_vmap`` function: unbatched, JAX's own; batched over clients (``vmap``), the
+  kernel cotangent of ONE grouped convolution with the clients folded into the channels, which JAX writes with
+  ``batch_group_count = C`` (the weight-gradient form a GPU's grouped-convolution kernels take), instead of the
+  ``vmap`` of the per-client form (feature-grouped over the transposed batch axis, with transposes of the
+  activations and cotangents around it)."""
+  @jax.custom_batching.custom_vmap
+  def kernel_grad(x, g):
+    return _kernel_grad(x, g, kernel_shape, strides, pads)
+
+  @kernel_grad.def_vmap
+  def rule(axis_size, in_batched, x, g):
+    x, g = (a if batched else jnp.broadcast_to(a, (axis_size,) + a.shape) for a, batched in zip((x, g), in_batched))
+    kh, kw, cin, cout = kernel_shape
+    dk = _kernel_grad(_fold_clients(x), _fold_clients(g), (kh, kw, cin, axis_size * cout), strides, pads,
+                      groups=axis_size)
+    return jnp.moveaxis(dk.reshape(kh, kw, cin, axis_size, cout), 3, 0), True
+
+  return kernel_grad
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv_folded(x, kernel, strides, pads):
+  return _plain_conv(x, kernel, strides, pads)
+
+
+def _conv_folded_fwd(x, kernel, strides, pads):
+  return _conv_folded(x, kernel, strides, pads), (x, kernel)
+
+
+def _conv_folded_bwd(strides, pads, residuals, g):
+  x, kernel = residuals
+  dx = jax.vjp(lambda a: _plain_conv(a, kernel, strides, pads), x)[1](g)[0]
+  return dx, _folded_kernel_grad(kernel.shape, strides, pads)(x, g)
+
+
+_conv_folded.defvjp(_conv_folded_fwd, _conv_folded_bwd)
+
+
+def conv_folded(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Array:
+  """NHWC x HWIO convolution (``lax.conv_general_dilated``'s values and gradients) whose kernel gradient, under
+  ``jax.vmap`` over per-client kernels, is computed as the gradient of one grouped convolution of all clients.
+
+  Why: the engine differentiates each client's loss and vmaps the result over clients (``vmap(grad)``), and JAX's
+  batching of the per-client kernel gradient gives a feature-grouped convolution over transposed activations; the
+  same gradient taken through the grouped convolution (``grad`` of the clients' summed losses, as the stacked
+  model pair and ``benchmarks/step_latency.py``'s ``grouped`` formulation do) is one ``batch_group_count = C``
+  convolution. On an H200 the hand-grouped step ran 0.77 ms against the engine's 1.41 ms (``benchmarks/README.md``,
+  "Per-step latency"); this impl brings that form to every conv net without rewriting it. Input gradients and
+  the forward pass are JAX's. GPU speed: to be measured (``gpu_pending.sh``); forward-mode differentiation
+  (``jax.jvp``) is not defined for it.
+  """
+  strides = tuple(int(s) for s in strides)
+  pads = _explicit_pads(padding, x.shape[1:3], kernel.shape[:2], strides)
+  return _conv_folded(x, kernel, strides, pads)
+
+
 def conv2d(x: jax.Array, kernel: jax.Array, strides, padding, impl: str) -> jax.Array:
   """The NHWC x HWIO convolution of every conv layer, computed the way ``impl`` (:data:`CONV_IMPLS`) says."""
   impl = resolve_conv_impl(impl)
@@ -210,6 +283,8 @@ def conv2d(x: jax.Array, kernel: jax.Array, strides, padding, impl: str) -> jax.
     return conv_patches(x, kernel, strides, padding)
   if impl == "canonical":
     return conv_canonical(x, kernel, strides, padding)
+  if impl == "folded":
+    return conv_folded(x, kernel, strides, padding)
   return lax.conv_general_dilated(x, kernel, window_strides=tuple(strides), padding=padding,
                                   dimension_numbers=_NHWC)
 
