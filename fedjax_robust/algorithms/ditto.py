@@ -76,10 +76,11 @@ def check_pair_forward(pair_forward: str, allow_auto: bool = False) -> str:
 def resolve_pair_forward(pair_forward: str, backend: str | None = None) -> str:
   """``auto`` -> ``separate`` on the CPU, ``stacked`` elsewhere; any other value is itself.
 
-  Measured (``benchmarks/README.md``, "FedCAP's model pair"): on an H200 one vmapped FedCAP CIFAR-10 step of the
-  pair takes 1.57 ms stacked against 2.48 ms separate, and a 100-round FedCAP run 26.0 s against 40.3 s; on the
-  2-core CPU the stacked pair is 5.8x slower (its second model's convolutions become grouped convolutions, which
-  XLA:CPU runs on a slow path). TPUs are unmeasured and follow the GPU (both are latency bound at these sizes).
+  Measured (``benchmarks/README.md``, "Per-step latency"): on an H200 one vmapped FedCAP CIFAR-10 step of the
+  pair takes 1.57 ms stacked against 2.48 ms separate, and a 100-round FedCAP run 26.0 s against 40.3 s. On the
+  2-core CPU the stacked pair was 5.8x slower with ``model.conv_impl=xla`` (grouped convolutions inside a loop, on
+  XLA:CPU's slow path) and is on par with the CPU's default canonical conv (109 against 107 ms a step at 4
+  clients), so the CPU keeps the plain form. TPUs are unmeasured and follow the GPU (latency bound at these sizes).
   """
   if check_pair_forward(pair_forward, allow_auto=True) != "auto":
     return pair_forward
