@@ -18,29 +18,10 @@ set -uo pipefail
 out="${1:?usage: gpu_fedcap_speed.sh OUT_DIR DATA_DIR [DEADLINE_S]}"
 data="${2:?usage: gpu_fedcap_speed.sh OUT_DIR DATA_DIR [DEADLINE_S]}"
 deadline="${3:-500}"
-here="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$here"
-export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-py="${PYTHON:-python3}"
 runs=/tmp/gpu_fedcap_speed
-mkdir -p "$out" "$runs"
-start=$SECONDS
-if ls .device/wheels/*.whl >/dev/null 2>&1; then
-  $py -m pip install --no-index --no-deps -q .device/wheels/*.whl 2>&1 | tail -1
-fi
-$py -c "import jax; print(jax.devices(), jax.__version__)" 2>&1 | tee "$out/devices.txt"
+mkdir -p "$runs"
+source "$(dirname "$0")/gpu_lib.sh"
 
-# item NAME CAP_S MIN_S cmd...: runs cmd under min(CAP_S, time left) unless less than MIN_S is left.
-item() {
-  local name="$1" cap="$2" min="$3"; shift 3
-  local left=$((deadline - (SECONDS - start)))
-  if ((left < min)); then echo "== skip $name: ${left}s left" | tee -a "$out/log.txt"; return; fi
-  local limit=$((cap < left ? cap : left))
-  echo "== $name (limit ${limit}s): $*" | tee -a "$out/log.txt"
-  local t0=$SECONDS
-  timeout "$limit" bash -c '"$@"' _ "$@" 2>&1 | grep -v -E "Warning|warn\(" | tail -25 | tee -a "$out/log.txt"
-  echo "== $name rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$out/log.txt"
-}
 fedcap_run() {  # fedcap_run NAME [extra run.py flags...]
   local name="$1"; shift
   $py experiments/run.py --config experiments/configs/fedcap_cifar10.py:none --config.data.data_dir="$data" \
@@ -50,12 +31,12 @@ fedcap_run() {  # fedcap_run NAME [extra run.py flags...]
 export -f fedcap_run
 export py data runs SMOKE
 
-item step_latency 200 45 $py benchmarks/step_latency.py --out "$out/step_latency_gpu.json" ${SMOKE_STEP:-}
-item fedcap100_auto 120 40 fedcap_run fedcap100_auto
-item fedcap100_folded 120 40 fedcap_run fedcap100_folded --config.model.conv_impl=folded
-item fedcap100_separate 120 40 fedcap_run fedcap100_separate --config.engine.pair_forward=separate
+budgeted step_latency 200 45 $py benchmarks/step_latency.py --out "$out/step_latency_gpu.json" ${SMOKE_STEP:-}
+budgeted fedcap100_auto 120 40 fedcap_run fedcap100_auto
+budgeted fedcap100_folded 120 40 fedcap_run fedcap100_folded --config.model.conv_impl=folded
+budgeted fedcap100_separate 120 40 fedcap_run fedcap100_separate --config.engine.pair_forward=separate
 table_budget=$((deadline - (SECONDS - start) - 70))
-item table3_seeds $((table_budget + 70)) 100 $py experiments/fedcap_tables.py --data_dir "$data" --seeds 0,1,2 \
+budgeted table3_seeds $((table_budget + 70)) 100 $py experiments/fedcap_tables.py --data_dir "$data" --seeds 0,1,2 \
   --scenarios sign_flip,label_flip,none,scaling,lie,ipm,min_max,min_sum --stop_after_s "$table_budget" \
   --out_dir "$runs/fedcap_cifar10_seeds" ${SMOKE_TABLE:-}
 cp "$runs"/fedcap_cifar10_seeds/results*.json "$out/" 2>/dev/null

@@ -14,29 +14,15 @@ set -uo pipefail
 out="${1:?usage: gpu_papers.sh OUT_DIR DATA_DIR [DEADLINE_S]}"
 data="${2:?usage: gpu_papers.sh OUT_DIR DATA_DIR [DEADLINE_S]}"
 deadline="${3:-540}"
-here="$(cd "$(dirname "$0")/.." && pwd)"
-cd "$here"
-export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-py="${PYTHON:-python3}"
 runs=/tmp/gpu_papers
-mkdir -p "$out" "$runs"
-start=$SECONDS
-if ls .device/wheels/*.whl >/dev/null 2>&1; then
-  $py -m pip install --no-index --no-deps -q .device/wheels/*.whl 2>&1 | tail -1
-fi
-$py -c "import jax; print(jax.devices(), jax.__version__)" 2>&1 | tee "$out/devices.txt"
+mkdir -p "$runs"
+source "$(dirname "$0")/gpu_lib.sh"
 
-# cell NAME CAP_S MIN_S cmd...: runs cmd under min(CAP_S, time left) unless less than MIN_S is left, then keeps
-# the cell's results.json as OUT_DIR/NAME.json.
+# cell NAME CAP_S MIN_S cmd...: a budgeted grid command writing into its own out_dir; its results.json is kept as
+# OUT_DIR/NAME.json.
 cell() {
-  local name="$1" cap="$2" min="$3"; shift 3
-  local left=$((deadline - (SECONDS - start)))
-  if ((left < min)); then echo "== skip $name: ${left}s left" | tee -a "$out/log.txt"; return; fi
-  local limit=$((cap < left ? cap : left))
-  echo "== $name (limit ${limit}s): $*" | tee -a "$out/log.txt"
-  local t0=$SECONDS
-  timeout "$limit" "$@" --out_dir "$runs/$name" 2>&1 | grep -v -E "Warning|warn\(" | tail -15 | tee -a "$out/log.txt"
-  echo "== $name rc=${PIPESTATUS[0]} in $((SECONDS - t0))s" | tee -a "$out/log.txt"
+  local name="$1"; shift
+  budgeted "$name" "$@" --out_dir "$runs/$name"
   cp "$runs/$name/results.json" "$out/$name.json" 2>/dev/null
 }
 
