@@ -29,8 +29,9 @@ Formulations (``name[@unroll]``; ``unroll`` is the ``lax.scan`` unroll factor, a
                FedCAP's / Ditto's client step: ``jax.vmap(local_train)`` of the pair loss
                ``CE(w) + CE(v) + lamda/2 ||v - anchor||^2`` on ``{w, v}`` (``fedjax_robust.algorithms.ditto``),
                with the two models' passes run separately or as one vmapped pass over the stacked pair
-               (``engine.pair_forward``; ``_folded``: with ``conv_impl=folded``). Two models per step, so they are checked against ``pair_separate@1``
-               (not ``engine@1``) and their TFLOP/s count both models; their rounds/s is FedCAP's local training.
+               (``engine.pair_forward``; ``_folded``: with ``conv_impl=folded``). Two models per step, so they are
+               checked against ``pair_separate@1`` (not ``engine@1``) and their TFLOP/s count both models; their
+               rounds/s is FedCAP's local training.
   loop_floor   not a training step: per step, one batch slice and an elementwise update of every parameter.
                The floor of a scan step on this backend (loop + launch overhead); excluded from the check.
 
@@ -77,8 +78,8 @@ from jax import lax  # noqa: E402
 
 NAMES = ("engine", "engine_folded", "vmap", "grouped", "lax_map", "client_loop", "patches", "pair_separate",
          "pair_stacked", "pair_stacked_folded", "loop_floor")
-DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,engine_folded,vmap,grouped,lax_map,client_loop,patches,pair_separate,"
-                        "pair_stacked,pair_stacked_folded,loop_floor")
+DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,engine_folded,vmap,grouped,lax_map,client_loop,patches,"
+                        "pair_separate,pair_stacked,pair_stacked_folded,loop_floor")
 NOT_CHECKED = ("loop_floor",)
 REFERENCE = "engine@1"
 PAIR_REFERENCE = "pair_separate@1"  # reference of the two-model (FedCAP / Ditto) formulations
@@ -337,8 +338,8 @@ def build_loop_floor(s: Setting, steps: int, unroll):
   return lambda params, x, y: _scan_steps(step, params, x, y, steps, unroll, s)
 
 
-BUILDERS = {"engine": build_engine, "engine_folded": build_engine_folded, "vmap": build_vmap, "grouped": build_grouped, "lax_map": build_lax_map,
-            "client_loop": build_client_loop, "patches": build_patches, "pair_separate": _build_pair("separate"),
+BUILDERS = {"engine": build_engine, "engine_folded": build_engine_folded, "vmap": build_vmap, "grouped": build_grouped,
+            "lax_map": build_lax_map, "client_loop": build_client_loop, "patches": build_patches, "pair_separate": _build_pair("separate"),
             "pair_stacked": _build_pair("stacked"), "pair_stacked_folded": _build_pair("stacked", "folded"),
             "loop_floor": build_loop_floor}
 

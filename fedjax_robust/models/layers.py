@@ -158,13 +158,18 @@ def _explicit_pads(padding, x_hw, k_hw, strides) -> tuple[tuple[int, int], ...]:
   return tuple((int(lo), int(hi)) for lo, hi in padding)
 
 
+def _plain_conv(x, kernel, strides, pads, groups: int = 1):
+  return lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_NHWC, feature_group_count=groups)
+
+
+def _conv_fwd(x, kernel, strides, pads):
+  """Forward rule of the custom-VJP convolutions below: the plain convolution, with ``(x, kernel)`` kept."""
+  return _plain_conv(x, kernel, strides, pads), (x, kernel)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _conv_canonical(x, kernel, strides, pads):
-  return lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_NHWC)
-
-
-def _conv_canonical_fwd(x, kernel, strides, pads):
-  return _conv_canonical(x, kernel, strides, pads), (x, kernel)
+  return _plain_conv(x, kernel, strides, pads)
 
 
 def _conv_canonical_bwd(strides, pads, residuals, g):
@@ -186,7 +191,7 @@ def _conv_canonical_bwd(strides, pads, residuals, g):
   return dx, dk.transpose(1, 2, 0, 3)
 
 
-_conv_canonical.defvjp(_conv_canonical_fwd, _conv_canonical_bwd)
+_conv_canonical.defvjp(_conv_fwd, _conv_canonical_bwd)
 
 
 def conv_canonical(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Array:
@@ -205,10 +210,6 @@ def conv_canonical(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Arr
   strides = tuple(int(s) for s in strides)
   pads = _explicit_pads(padding, x.shape[1:3], kernel.shape[:2], strides)
   return _conv_canonical(x, kernel, strides, pads)
-
-
-def _plain_conv(x, kernel, strides, pads, groups: int = 1):
-  return lax.conv_general_dilated(x, kernel, strides, pads, dimension_numbers=_NHWC, feature_group_count=groups)
 
 
 def _kernel_grad(x, g, kernel_shape, strides, pads, groups: int = 1):
@@ -249,17 +250,13 @@ def _conv_folded(x, kernel, strides, pads):
   return _plain_conv(x, kernel, strides, pads)
 
 
-def _conv_folded_fwd(x, kernel, strides, pads):
-  return _conv_folded(x, kernel, strides, pads), (x, kernel)
-
-
 def _conv_folded_bwd(strides, pads, residuals, g):
   x, kernel = residuals
   dx = jax.vjp(lambda a: _plain_conv(a, kernel, strides, pads), x)[1](g)[0]
   return dx, _folded_kernel_grad(kernel.shape, strides, pads)(x, g)
 
 
-_conv_folded.defvjp(_conv_folded_fwd, _conv_folded_bwd)
+_conv_folded.defvjp(_conv_fwd, _conv_folded_bwd)
 
 
 def conv_folded(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Array:
@@ -272,7 +269,7 @@ def conv_folded(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Array:
   model pair and ``benchmarks/step_latency.py``'s ``grouped`` formulation do) is one ``batch_group_count = C``
   convolution. On an H200 the hand-grouped step ran 0.77 ms against the engine's 1.41 ms (``benchmarks/README.md``,
   "Per-step latency"); this impl brings that form to every conv net without rewriting it. Input gradients and
-  the forward pass are JAX's. GPU speed: to be measured (``gpu_pending.sh``); forward-mode differentiation
+  the forward pass are JAX's. GPU speed: to be measured (``benchmarks/gpu_fedcap_speed.sh``); forward-mode differentiation
   (``jax.jvp``) is not defined for it.
   """
   strides = tuple(int(s) for s in strides)
@@ -289,8 +286,7 @@ def conv2d(x: jax.Array, kernel: jax.Array, strides, padding, impl: str) -> jax.
     return conv_canonical(x, kernel, strides, padding)
   if impl == "folded":
     return conv_folded(x, kernel, strides, padding)
-  return lax.conv_general_dilated(x, kernel, window_strides=tuple(strides), padding=padding,
-                                  dimension_numbers=_NHWC)
+  return _plain_conv(x, kernel, tuple(strides), padding)
 
 
 class TorchConv(nn.Module):
