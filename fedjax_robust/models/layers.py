@@ -17,7 +17,8 @@ bias). Everything is float32.
 ``TorchConv(impl=...)`` picks how the convolution is computed; the parameters
 (names, shapes, init values for a given key) do not depend on it:
 
-* ``'auto'`` (default): ``'canonical'`` on the CPU, ``'xla'`` elsewhere (:func:`resolve_conv_impl`).
+* ``'auto'`` (default): ``'canonical'`` on the CPU, ``'folded'`` on a GPU, ``'xla'`` elsewhere
+  (:func:`resolve_conv_impl`).
 * ``'xla'``: one ``lax.conv_general_dilated``, differentiated by JAX. Under ``jax.vmap``
   over per-client kernels it lowers to a grouped convolution.
 * ``'canonical'``: the same forward convolution with a custom gradient made of two more convolutions in the
@@ -26,8 +27,9 @@ bias). Everything is float32.
   loops need not be unrolled. Same numbers as ``'xla'`` (equal to the bit in the tests).
 * ``'folded'``: the forward convolution and input gradient of ``'xla'``, and a kernel gradient that under
   ``jax.vmap`` over clients is the gradient of ONE grouped convolution of all clients (``batch_group_count = C``;
-  :func:`conv_folded`), the form of the hand-grouped step that ran 1.83x the engine's on an H200. Same numbers
-  to float32 rounding. A GPU option, unmeasured there yet as a layer; on XLA:CPU that convolution is 7x slower.
+  :func:`conv_folded`). Same numbers to float32 rounding. On an H200 the engine's FedAvgCNN step ran 2.5x faster
+  this way (0.80 against 1.98 ms; the stacked model pair 1.37 against 1.56), so ``auto`` takes it on a GPU; on
+  XLA:CPU that convolution is 7x slower.
 * ``'patches'``: ``lax.conv_general_dilated_patches`` (im2col; it has no
   weights, so under ``vmap`` the client axis folds into the batch) followed by
   a matmul against the kernel reshaped to ``[cin*kh*kw, cout]`` (a batched
@@ -61,6 +63,7 @@ from jax import lax
 
 INIT_SCHEMES = ("torch", "flax")
 CONV_IMPLS = ("auto", "xla", "patches", "canonical", "folded")
+AUTO_CONV_IMPL = {"cpu": "canonical", "gpu": "folded"}  # what ``auto`` is per backend (measured); else ``xla``
 
 Padding = Union[str, int, Sequence[int], Sequence[Sequence[int]]]
 
@@ -127,11 +130,12 @@ def check_conv_impl(impl: str) -> str:
 
 def resolve_conv_impl(impl: str, backend: str | None = None) -> str:
   """``auto`` -> ``canonical`` on the CPU (its gradient keeps XLA:CPU's Eigen kernels inside loops,
-  :func:`conv_canonical`), ``xla`` on other backends (cuDNN / TPU convolutions take any dimension order; the
-  canonical form there is unmeasured); any other impl is itself."""
+  :func:`conv_canonical`), ``folded`` on a GPU (every client's kernel gradient as one grouped convolution,
+  :func:`conv_folded`: 2.5x the per-client form's step on an H200, ``benchmarks/README.md`` "Per-step latency"),
+  ``xla`` on other backends (TPU: neither form measured there); any other impl is itself."""
   if check_conv_impl(impl) != "auto":
     return impl
-  return "canonical" if (backend or jax.default_backend()) == "cpu" else "xla"
+  return AUTO_CONV_IMPL.get(backend or jax.default_backend(), "xla")
 
 
 def conv_patches(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Array:
@@ -268,9 +272,10 @@ def conv_folded(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Array:
   same gradient taken through the grouped convolution (``grad`` of the clients' summed losses, as the stacked
   model pair and ``benchmarks/step_latency.py``'s ``grouped`` formulation do) is one ``batch_group_count = C``
   convolution. On an H200 the hand-grouped step ran 0.77 ms against the engine's 1.41 ms (``benchmarks/README.md``,
-  "Per-step latency"); this impl brings that form to every conv net without rewriting it. Input gradients and
-  the forward pass are JAX's. GPU speed: to be measured (``benchmarks/gpu_fedcap_speed.sh``); forward-mode differentiation
-  (``jax.jvp``) is not defined for it.
+  "Per-step latency"); this impl brings that form to every conv net without rewriting it: the engine's step 0.80
+  against 1.98 ms, a 100-round FedCAP run 24.1 against 25.7 s (``benchmarks/gpu_fedcap_speed.sh``, 2026-11-28), the
+  GPU default since. Input gradients and the forward pass are JAX's; forward-mode differentiation (``jax.jvp``) is
+  not defined for it.
   """
   strides = tuple(int(s) for s in strides)
   pads = _explicit_pads(padding, x.shape[1:3], kernel.shape[:2], strides)
