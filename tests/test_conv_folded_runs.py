@@ -2,8 +2,9 @@
 (``models/layers.py``), so every path of the engine that differentiates a conv net goes through its custom VJP and
 custom batching rule there. CI has no GPU, so these runs force ``folded`` on the CPU and check that whole
 experiments give ``canonical``'s numbers (the CPU default, itself equal to JAX's own gradients): BatchNorm state
-under vmap, per-step adversarial examples (input gradients) and robust evaluation, the stacked model pair of FedCAP
-(``grad`` of a vmapped pass), and the seeds program (seeds x clients: two nested vmaps)."""
+under vmap and under shard_map (several clients per device, padding slots), per-step adversarial examples (input
+gradients) and robust evaluation, the stacked model pair of FedCAP (``grad`` of a vmapped pass), and the seeds
+program (seeds x clients: two nested vmaps)."""
 
 import ml_collections
 import numpy as np
@@ -28,6 +29,7 @@ def _config(conv_impl: str, **extra):
 
 CASES = {
     "fedavg_batchnorm": {},
+    "fedavg_batchnorm_shard_map": {"engine.strategy": "shard_map", "data.num_clients": 6},  # 4 host devices
     "fedalc_pgd_robust_eval": {"adversarial.objective": "fedalc", "adversarial.steps": 3,
                                "eval.metrics": "accuracy,robust", "eval.robust.attacks": "fgsm,pgd",
                                "eval.robust.steps": 3, "eval.robust.examples": 64},
