@@ -27,6 +27,7 @@ source "$(dirname "$0")/gpu_lib.sh"
 # OUT_DIR/NAME.json.
 cell() {
   local name="$1"; shift
+  rm -rf "${runs:?}/$name"  # a skipped cell must not hand back an earlier call's results
   budgeted "$name" "$@" --out_dir "$runs/$name"
   cp "$runs/$name/results.json" "$out/$name.json" 2>/dev/null
 }
