@@ -208,8 +208,8 @@ def conv_canonical(x: jax.Array, kernel: jax.Array, strides, padding) -> jax.Arr
   program's entry computation only, so inside a ``lax.scan`` / ``while`` body they fell to the naive emitter:
   local SGD of FedALC's CNN-MNIST at batch 32 took 13.4 ms a step rolled against 3.3 ms unrolled. In this form a
   rolled step takes 3.0 ms (``benchmarks/conv_loop.py``, ``benchmarks/README.md`` §5), so loops need not be
-  unrolled and compile in seconds. Same numbers as ``lax.conv_general_dilated``'s own gradient (``tests/test_models.py``); forward-mode
-  differentiation (``jax.jvp``) is not defined for it.
+  unrolled and compile in seconds. Same numbers as ``lax.conv_general_dilated``'s own gradient
+  (``tests/test_models.py``); forward-mode differentiation (``jax.jvp``) is not defined for it.
   """
   strides = tuple(int(s) for s in strides)
   pads = _explicit_pads(padding, x.shape[1:3], kernel.shape[:2], strides)
@@ -333,9 +333,9 @@ class TorchBatchNorm(nn.Module):
   """Batch normalisation over every axis but the last, as PyTorch's ``BatchNorm{1,2}d`` in training and evaluation.
 
   Training (``use_running_average=False``) normalises with the batch mean and biased variance of the rows where
-  ``mask`` is True (``mask``: ``[B]`` bool, one flag per row of ``x``; padded rows never enter the statistics) and updates the running
-  statistics as PyTorch does: ``running = momentum * running + (1 - momentum) * batch`` with flax's ``momentum``
-  convention (0.9 = PyTorch's 0.1) and, for the variance, the *unbiased* batch variance ``var * m / (m - 1)`` over
+  ``mask`` is True (``mask``: ``[B]`` bool, one flag per row of ``x``; padded rows never enter the statistics) and
+  updates the running statistics as PyTorch does: ``running = momentum * running + (1 - momentum) * batch`` with
+  flax's ``momentum`` convention (0.9 = PyTorch's 0.1) and, for the variance, the *unbiased* batch variance ``var * m / (m - 1)`` over
   the ``m`` real values per feature (FedCAC spec §3.3; flax's ``nn.BatchNorm`` uses the biased one, which at a batch
   of 10 rows is a 10% smaller update). Evaluation uses the running statistics. A batch with no real value leaves
   the running statistics unchanged (the engine's padded no-op steps).
