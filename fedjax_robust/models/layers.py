@@ -335,10 +335,10 @@ class TorchBatchNorm(nn.Module):
   Training (``use_running_average=False``) normalises with the batch mean and biased variance of the rows where
   ``mask`` is True (``mask``: ``[B]`` bool, one flag per row of ``x``; padded rows never enter the statistics) and
   updates the running statistics as PyTorch does: ``running = momentum * running + (1 - momentum) * batch`` with
-  flax's ``momentum`` convention (0.9 = PyTorch's 0.1) and, for the variance, the *unbiased* batch variance ``var * m / (m - 1)`` over
-  the ``m`` real values per feature (FedCAC spec §3.3; flax's ``nn.BatchNorm`` uses the biased one, which at a batch
-  of 10 rows is a 10% smaller update). Evaluation uses the running statistics. A batch with no real value leaves
-  the running statistics unchanged (the engine's padded no-op steps).
+  flax's ``momentum`` convention (0.9 = PyTorch's 0.1) and, for the variance, the *unbiased* batch variance
+  ``var * m / (m - 1)`` over the ``m`` real values per feature (FedCAC spec §3.3; flax's ``nn.BatchNorm`` uses the
+  biased one, which at a batch of 10 rows is a 10% smaller update). Evaluation uses the running statistics. A batch
+  with no real value leaves the running statistics unchanged (the engine's padded no-op steps).
 
   Same variables as ``flax.linen.BatchNorm`` (``params``: ``scale`` 1, ``bias`` 0; ``batch_stats``: ``mean`` 0,
   ``var`` 1, shape ``[features]``), so checkpoints and the torchvision converter are unchanged.
