@@ -11,7 +11,11 @@ Formulations (``name[@unroll]``; ``unroll`` is the ``lax.scan`` unroll factor, a
 
   engine       (a) the engine's own path: ``jax.vmap`` of ``fedjax_robust.client.local_sgd.local_train`` with
                FedAvg's masked loss and ``optax.sgd`` (index gather, padding masks, no-op selects, loss sum);
-               the scan sits inside the vmap, so ``vmap`` turns each conv into a grouped convolution.
+               the scan sits inside the vmap, so ``vmap`` turns each conv into a grouped convolution. The model's
+               default conv (``model.conv_impl=auto``: ``canonical`` on the CPU, ``folded`` on a GPU since
+               2026-11-28, so there ``engine`` is ``engine_folded``).
+  engine_xla   (a) with ``model.conv_impl=xla``: JAX's own gradients, i.e. ``vmap`` of each client's kernel
+               gradient (the GPU default before 2026-11-28; on the CPU the conv-in-loop trap).
   engine_folded  (a) with ``model.conv_impl=folded``: each conv's kernel gradient under ``vmap`` is the gradient
                of one grouped conv of all clients (``batch_group_count = C``, as in ``grouped``), not JAX's
                ``vmap`` of the per-client one (``fedjax_robust.models.layers.conv_folded``).
@@ -25,13 +29,13 @@ Formulations (``name[@unroll]``; ``unroll`` is the ``lax.scan`` unroll factor, a
                program, no inner ``while`` (XLA may schedule them freely).
   patches      (c) each conv as ``lax.conv_general_dilated_patches`` (clients folded into the batch: patch
                extraction has no weights) + a batched matmul ``einsum('cnk,cko->cno')``.
-  pair_separate, pair_stacked, pair_stacked_folded
+  pair_separate, pair_stacked, pair_stacked_xla, pair_stacked_folded
                FedCAP's / Ditto's client step: ``jax.vmap(local_train)`` of the pair loss
                ``CE(w) + CE(v) + lamda/2 ||v - anchor||^2`` on ``{w, v}`` (``fedjax_robust.algorithms.ditto``),
                with the two models' passes run separately or as one vmapped pass over the stacked pair
-               (``engine.pair_forward``; ``_folded``: with ``conv_impl=folded``). Two models per step, so they are
-               checked against ``pair_separate@1`` (not ``engine@1``) and their TFLOP/s count both models; their
-               rounds/s is FedCAP's local training.
+               (``engine.pair_forward``; the model's default conv, ``_xla`` / ``_folded``: that ``conv_impl``).
+               Two models per step, so they are checked against ``pair_separate@1`` (not ``engine@1``) and their
+               TFLOP/s count both models; their rounds/s is FedCAP's local training.
   loop_floor   not a training step: per step, one batch slice and an elementwise update of every parameter.
                The floor of a scan step on this backend (loop + launch overhead); excluded from the check.
 
@@ -76,10 +80,10 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
 
-NAMES = ("engine", "engine_folded", "vmap", "grouped", "lax_map", "client_loop", "patches", "pair_separate",
-         "pair_stacked", "pair_stacked_folded", "loop_floor")
-DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,engine_folded,vmap,grouped,lax_map,client_loop,patches,"
-                        "pair_separate,pair_stacked,pair_stacked_folded,loop_floor")
+NAMES = ("engine", "engine_xla", "engine_folded", "vmap", "grouped", "lax_map", "client_loop", "patches",
+         "pair_separate", "pair_stacked", "pair_stacked_xla", "pair_stacked_folded", "loop_floor")
+DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,engine_xla,engine_folded,vmap,grouped,lax_map,client_loop,"
+                        "patches,pair_separate,pair_stacked,pair_stacked_xla,pair_stacked_folded,loop_floor")
 NOT_CHECKED = ("loop_floor",)
 REFERENCE = "engine@1"
 PAIR_REFERENCE = "pair_separate@1"  # reference of the two-model (FedCAP / Ditto) formulations
@@ -281,6 +285,7 @@ def _fedavg_loss(apply_fn, p, s: Setting):
 
 # (a) ``jax.vmap(local_train)`` exactly as the FedAvg client update calls it; and with ``model.conv_impl=folded``.
 build_engine = _vmapped_local_train("engine", _fedavg_loss)
+build_engine_xla = _vmapped_local_train("engine_xla", _fedavg_loss, conv_impl="xla")
 build_engine_folded = _vmapped_local_train("engine_folded", _fedavg_loss, conv_impl="folded")
 
 
@@ -338,9 +343,10 @@ def build_loop_floor(s: Setting, steps: int, unroll):
   return lambda params, x, y: _scan_steps(step, params, x, y, steps, unroll, s)
 
 
-BUILDERS = {"engine": build_engine, "engine_folded": build_engine_folded, "vmap": build_vmap, "grouped": build_grouped,
-            "lax_map": build_lax_map, "client_loop": build_client_loop, "patches": build_patches, "pair_separate": _build_pair("separate"),
-            "pair_stacked": _build_pair("stacked"), "pair_stacked_folded": _build_pair("stacked", "folded"),
+BUILDERS = {"engine": build_engine, "engine_xla": build_engine_xla, "engine_folded": build_engine_folded,
+            "vmap": build_vmap, "grouped": build_grouped, "lax_map": build_lax_map, "client_loop": build_client_loop,
+            "patches": build_patches, "pair_separate": _build_pair("separate"), "pair_stacked": _build_pair("stacked"),
+            "pair_stacked_xla": _build_pair("stacked", "xla"), "pair_stacked_folded": _build_pair("stacked", "folded"),
             "loop_floor": build_loop_floor}
 
 

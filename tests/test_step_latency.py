@@ -23,7 +23,7 @@ def test_formulations_agree_with_engine(sl):
   steps = 2
   s = sl.Setting(clients=2, batch=2, per_epoch=sl.per_epoch_for(steps, 225, 2), image=(32, 32, 3))
   params, x, y = sl.make_inputs(s, seed=1)
-  labels = ["engine@1", "vmap@1", "grouped@2", "lax_map@1", "client_loop@1", "patches@1"]
+  labels = ["engine@1", "engine_xla@1", "vmap@1", "grouped@2", "lax_map@1", "client_loop@1", "patches@1"]
   report = sl.run_check(labels, s, params, x, y, steps, "highest", combined=True)
   assert report["engine@1"]["max_abs_update"] > 1e-4  # the steps really moved the parameters
   for label, r in report.items():
@@ -36,9 +36,11 @@ def test_pair_formulations_agree(sl):
   steps = 2
   s = sl.Setting(clients=2, batch=2, per_epoch=sl.per_epoch_for(steps, 225, 2), image=(32, 32, 3))
   params, x, y = sl.make_inputs(s, seed=1)
-  report = sl.run_check(["pair_separate@1", "pair_stacked@1"], s, params, x, y, steps, "highest", combined=True)
+  labels = ["pair_separate@1", "pair_stacked@1", "pair_stacked_xla@1"]
+  report = sl.run_check(labels, s, params, x, y, steps, "highest", combined=True)
   assert report["pair_separate@1"]["max_abs_update"] > 1e-4
-  assert report["pair_stacked@1"]["max_abs_diff"] < 1e-6, report
+  for label in labels[1:]:
+    assert report[label]["max_abs_diff"] < 1e-6, report
   assert sl.is_pair("pair_stacked@5") and not sl.is_pair("engine@1")
 
 
