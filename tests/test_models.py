@@ -320,7 +320,8 @@ def test_conv_impl_auto_is_the_measured_fastest_per_backend():
   trap), ``folded`` on a GPU (2.5x the engine's step on an H200), ``xla`` on a TPU (unmeasured); explicit impls pass
   through and unknown ones are refused, naming the choices."""
   from fedjax_robust.models.layers import resolve_conv_impl
-  assert [resolve_conv_impl("auto", b) for b in ("cpu", "gpu", "tpu")] == ["canonical", "folded", "xla"]
+  assert [resolve_conv_impl("auto", b) for b in ("cpu", "gpu", "cuda", "tpu")] == ["canonical", "folded", "folded",
+                                                                                  "xla"]
   assert resolve_conv_impl("auto") == resolve_conv_impl("auto", jax.default_backend())
   assert [resolve_conv_impl(i, "gpu") for i in ("xla", "patches", "canonical")] == ["xla", "patches", "canonical"]
   with pytest.raises(ValueError, match="expected one of"):

@@ -63,7 +63,9 @@ from jax import lax
 
 INIT_SCHEMES = ("torch", "flax")
 CONV_IMPLS = ("auto", "xla", "patches", "canonical", "folded")
-AUTO_CONV_IMPL = {"cpu": "canonical", "gpu": "folded"}  # what ``auto`` is per backend (measured); else ``xla``
+# What ``auto`` is per backend (measured; ``jax.default_backend()`` says "gpu" for CUDA and ROCm, the platform names
+# are listed too); any other backend (TPU) gets ``xla``.
+AUTO_CONV_IMPL = {"cpu": "canonical", "gpu": "folded", "cuda": "folded", "rocm": "folded"}
 
 Padding = Union[str, int, Sequence[int], Sequence[Sequence[int]]]
 
