@@ -399,7 +399,8 @@ def test_canonical_conv_gradients_equal_xla(kernel, padding, strides):
 
 
 @pytest.mark.parametrize("kernel,padding,strides", [((5, 3), "VALID", (1, 1)), ((3, 3), 1, (2, 2)),
-                                                    ((1, 1), "VALID", (2, 2)), ((2, 3), "SAME", (2, 1))])
+                                                    ((1, 1), "VALID", (2, 2)), ((2, 3), "SAME", (2, 1)),
+                                                    ((7, 7), 3, (2, 2))])  # the ResNets' ImageNet stem
 def test_folded_conv_gradients_equal_xla_under_every_vmap(kernel, padding, strides):
   """``conv_folded``: JAX's values and gradients, and under ``vmap`` over clients the kernel gradient is ONE
   ``batch_group_count = C`` convolution (the grouped conv's weight gradient), whichever operands are batched:
