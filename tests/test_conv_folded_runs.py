@@ -9,7 +9,6 @@ shows in the first round's loss."""
 
 import ml_collections
 import numpy as np
-import pytest
 
 from fedjax_robust.experiment import default_config, run_experiment
 from fedjax_robust.run import run_seeds
