@@ -80,8 +80,6 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
 
-NAMES = ("engine", "engine_xla", "engine_folded", "vmap", "grouped", "lax_map", "client_loop", "patches",
-         "pair_separate", "pair_stacked", "pair_stacked_xla", "pair_stacked_folded", "loop_floor")
 DEFAULT_FORMULATIONS = ("engine@1,engine@5,engine@25,engine_xla,engine_folded,vmap,grouped,lax_map,client_loop,"
                         "patches,pair_separate,pair_stacked,pair_stacked_xla,pair_stacked_folded,loop_floor")
 NOT_CHECKED = ("loop_floor",)
@@ -348,6 +346,7 @@ BUILDERS = {"engine": build_engine, "engine_xla": build_engine_xla, "engine_fold
             "patches": build_patches, "pair_separate": _build_pair("separate"), "pair_stacked": _build_pair("stacked"),
             "pair_stacked_xla": _build_pair("stacked", "xla"), "pair_stacked_folded": _build_pair("stacked", "folded"),
             "loop_floor": build_loop_floor}
+NAMES = tuple(BUILDERS)  # every formulation, in the order above
 
 
 def parse_formulation(text: str, default_unrolls=("1",)):
