@@ -17,6 +17,7 @@ keep the per-round curves of every metric (Figs. 2-5), the config, seeds, commit
   python experiments/fedalc_tables.py --data_dir ../shared/data --mode table1 --datasets mnist --alphas 0.1,1.0 \\
       --methods fedavg,fedprox,fedalc,natural --rounds 20 --set eval.robust.examples=1000   # a reduced run
   python experiments/fedalc_tables.py --mode table1 --from_json runs/fedalc/results.json
+  python experiments/fedalc_tables.py --mode table1 --from_json seed0.json,seed1.json,seed2.json  # pooled seeds
 
 ``--rounds`` / ``--epochs`` default to each dataset's own (spec §1.7: 100 rounds MNIST/FMNIST, 60 CIFAR-10; local
 epochs 1 MNIST, 5 FMNIST/CIFAR-10); giving them reduces every cell (the window shrinks to min(10, rounds) rounds),
@@ -288,16 +289,21 @@ def _calibration_note(cfg: dict) -> str:
                    for key, default in OBJECTIVES["fedalc"].options.items() if key in ours and ours[key] != default)
 
 
-def setup_note(cells: list[dict]) -> str:
-  """Which runs the table's cells are, and which ± it shows."""
-  runs = {}
-  for cell in cells:
+def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
+  """Which runs the table's cells are, and which ± it shows; when the cells ran in different ways and ``labels``
+  name their rows, each way says which rows it covers."""
+  runs: dict[str, list[str]] = {}
+  for i, cell in enumerate(cells):
     p = _cell_protocol(cell)
+    pooled = (f" (pooled from {len(cell['pooled_runs'])} separate one-seed runs)" if cell.get("pooled_runs")
+              else "")
     line = (f"{p['rounds']} rounds x E = {p['epochs']}"
             + (f" (REDUCED from the paper's {p['paper_rounds']} x {p['paper_epochs']})" if p["reduced"] else "")
-            + f", mean over the evaluated rounds of the last {p['last_rounds']}, {n_seeds(cell)} seed(s)")
+            + f", mean over the evaluated rounds of the last {p['last_rounds']}, {n_seeds(cell)} seed(s){pooled}")
     notes = [n for n in (_robust_note(cell.get("config", {})), _calibration_note(cell.get("config", {}))) if n]
-    runs[line + "".join(f"; {n}" for n in notes)] = None
+    runs.setdefault(line + "".join(f"; {n}" for n in notes), []).append(labels[i] if labels else "")
+  if labels and len(runs) > 1:
+    runs = {f"{line} [{', '.join(rows)}]": rows for line, rows in runs.items()}
   seeds = {n_seeds(c) > 1 for c in cells}
   std = []
   if False in seeds:
@@ -321,9 +327,10 @@ def table1(results: dict) -> str:
     rows = [[f"{a}", METHODS[m]] + [f"{_fmt(shown(cells[a, m], c))} / {_fmt(paper_value(dataset, a, m, c))}"
                                       for c in TABLE1_COLUMNS]
             for a in alphas for m in METHODS if cells[a, m]]
-    present = [c for c in cells.values() if c]
+    present = {f"{METHODS[m]} α {a}": c for (a, m), c in cells.items() if c}
     out += [f"**{DATASETS[dataset][0]}** (accuracy %, ours / paper)", "",
-            *_table(["α", "Method"] + list(TABLE1_COLUMNS.values()), rows), "", setup_note(present), "",
+            *_table(["α", "Method"] + list(TABLE1_COLUMNS.values()), rows), "",
+            setup_note(list(present.values()), list(present)), "",
             acceptance(results, dataset), ""]
   return "\n".join(out) if out else "(no Table I cell in these results)\n"
 
@@ -335,9 +342,11 @@ def table2(results: dict) -> str:
     return "(no Table II cell in these results)\n"
   rows = [[METHODS[m]] + [f"{_fmt(shown(results.get(cell_key('cifar10', a, m)), 'natural'))} / "
                           f"{_fmt(paper_value('cifar10', a, m))}" for a in alphas] for m in methods]
-  present = [results[k] for k in (cell_key("cifar10", a, m) for a in alphas for m in methods) if k in results]
+  present = {f"{METHODS[m]} α {a}": results[cell_key("cifar10", a, m)] for a in alphas for m in methods
+             if cell_key("cifar10", a, m) in results}
   return "\n".join(["**CIFAR-10** (natural accuracy %, ours / paper)", "",
-                    *_table(["Method"] + [f"α={a}" for a in alphas], rows), "", setup_note(present), "",
+                    *_table(["Method"] + [f"α={a}" for a in alphas], rows), "",
+                    setup_note(list(present.values()), list(present)), "",
                     acceptance(results, "cifar10"), ""])
 
 
@@ -405,8 +414,12 @@ def acceptance(results: dict, dataset: str) -> str:
 TABLES = {"table1": table1, "table2": table2}
 
 
-def table_from_json(path, mode: str) -> str:
-  return TABLES[mode](json.loads(Path(path).read_text()))
+def table_from_json(paths, mode: str) -> str:
+  """The mode's table from one stored results file or several (a comma-separated string or a list): a cell found
+  as one-seed cells in several files is pooled into mean ± std over those seeds (``grid.load_pooled``)."""
+  if isinstance(paths, (str, Path)):
+    paths = [p for p in str(paths).split(",") if p]
+  return TABLES[mode](grid.load_pooled(paths))
 
 
 def _floats(value: str) -> list[float]:
@@ -422,7 +435,9 @@ def main():
                       f"table2 {','.join(f'{a:g}' for a in TABLE2_ALPHAS)})")
   parser.add_argument("--methods", default=",".join(PAPER_METHODS),
                       help=f"comma-separated from {','.join(METHODS)} (natural: clean FedAvg, a reference row)")
-  parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
+  parser.add_argument("--from_json", default=None,
+                      help="print the mode's table from stored results files (comma-separated; a cell stored as "
+                           "one-seed runs in several files is shown as mean ± std over those seeds) and exit")
   grid.add_common_args(parser, "runs/fedalc")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2")
   args = parser.parse_args()

@@ -193,22 +193,78 @@ def store_json(path, result: dict, indent: int = 1) -> None:
 def _seed_cells(summary: dict, run_dir: Path, config, record: Record) -> dict:
   """A seeds cell: ``record`` of every seed's run directory, and each numeric field's mean and std over seeds
   (``value`` = the mean, ``value_std``, ``values``; per-seed records under ``per_seed``)."""
-  import numpy as np
   per_seed = {}
   for seed in summary["seeds"]:
     seed_dir = run_dir / f"seed_{seed}"
     seed_summary = json.loads((seed_dir / "summary.json").read_text())
     per_seed[str(seed)] = {**per_round_series(seed_dir), **record(seed_summary, seed_dir, config)}
-  first = per_seed[str(summary["seeds"][0])]
-  cell = {"seeds": summary["seeds"], "per_seed": per_seed}
-  for key, value in first.items():
-    values = [r.get(key) for r in per_seed.values()]
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-      cell[key], cell[f"{key}_std"], cell[f"{key}_values"] = float(np.mean(values)), float(np.std(values)), values
+  return _over_seeds(list(summary["seeds"]), per_seed)
+
+
+def _over_seeds(seeds: list, per_seed: dict) -> dict:
+  """``{"seeds", "per_seed"}`` and, for each numeric field every seed's record has, its mean, std (ddof 0) and values
+  (``<field>``, ``<field>_std``, ``<field>_values``); ``models`` averaged model by model."""
+  import numpy as np
+  first = per_seed[str(seeds[0])]
+  cell = {"seeds": seeds, "per_seed": per_seed}
+  numeric = {key: [r.get(key) for r in per_seed.values()] for key in first}
+  numeric = {k: v for k, v in numeric.items() if all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                      for x in v)}
+  cell.update({key: float(np.mean(values)) for key, values in numeric.items()})
+  for key, values in numeric.items():  # after the means: a record's own `<key>_std` never hides the seeds' std
+    cell[f"{key}_std"], cell[f"{key}_values"] = float(np.std(values)), values
   if isinstance(first.get("models"), dict):
     cell["models"] = {m: float(np.mean([r["models"][m] for r in per_seed.values()])) for m in first["models"]
                       if all(r["models"].get(m) is not None for r in per_seed.values())}
   return cell
+
+
+# What a stored cell records about how it ran rather than what it measured: kept per run when cells are pooled.
+PROVENANCE_FIELDS = ("command", "commit", "dirty", "device", "device_kind", "backend", "jax", "strategy", "wall_s",
+                     "rounds_per_s", "compile_s", "run_s", "run_wall_time_s", "resumed_from_round", "config")
+
+
+def pool_seed_cells(cells: list[dict]) -> dict:
+  """One-seed cells of one setting, each run separately (another session, another machine), as ONE seeds cell:
+  the shape :func:`run_cells` stores for a seeds program (each numeric field's mean, std across seeds and values;
+  the per-seed records under ``per_seed``), so a table shows them as mean ± std over seeds.
+
+  The seed of a cell is its config's ``seed``. Refused: a seeds cell among them, a seed given twice, or cells whose
+  ``protocol`` (rounds, epochs, reductions: what the table's note states) or whose ``rounds`` / ``epochs`` differ.
+  The pooled cell keeps the first cell's config and protocol, each run's provenance under ``pooled_runs``, the
+  summed ``wall_s`` and every device kind."""
+  if not cells:
+    raise ValueError("no cells to pool")
+  if any("seeds" in c and c["seeds"] for c in cells):
+    raise ValueError("pool_seed_cells pools one-seed cells; a seeds cell (a vmapped seeds program) is already pooled")
+  seeds = [int(c.get("config", {}).get("seed", 0)) for c in cells]
+  if len(set(seeds)) != len(seeds):
+    raise ValueError(f"cells to pool must have distinct seeds, got {seeds}")
+  for field in ("protocol", "rounds", "epochs"):
+    found = [json.dumps(c.get(field), sort_keys=True) for c in cells]
+    if len(set(found)) > 1:
+      raise ValueError(f"cells to pool differ in {field!r}: {sorted(set(found))}")
+  order = sorted(range(len(cells)), key=lambda i: seeds[i])
+  per_seed = {str(seeds[i]): {k: v for k, v in cells[i].items() if k not in PROVENANCE_FIELDS} for i in order}
+  cell = _over_seeds([seeds[i] for i in order], per_seed)
+  first = cells[order[0]]
+  cell.update({k: first[k] for k in ("protocol", "rounds", "epochs", "config") if k in first})
+  cell["pooled_runs"] = {str(seeds[i]): {k: cells[i][k] for k in PROVENANCE_FIELDS if k in cells[i] and k != "config"}
+                         for i in order}
+  cell["wall_s"] = sum(float(c.get("run_wall_time_s", c.get("wall_s", 0.0))) for c in cells)
+  cell["device_kind"] = ", ".join(sorted({str(c.get("device_kind") or c.get("backend")) for c in cells}))
+  return cell
+
+
+def load_pooled(paths: Iterable) -> dict:
+  """The cells of several stored results files; a key that holds one-seed cells in more than one file is pooled
+  into one seeds cell (:func:`pool_seed_cells`). Any other key found twice is refused (which one would a table
+  show?)."""
+  found: dict[str, list[dict]] = {}
+  for path in paths:
+    for key, cell in json.loads(Path(path).read_text()).items():
+      found.setdefault(key, []).append(cell)
+  return {key: cells[0] if len(cells) == 1 else pool_seed_cells(cells) for key, cells in found.items()}
 
 
 def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict,

@@ -113,6 +113,29 @@ def test_table1_shows_ours_and_the_papers_numbers(tmp_path):
   assert "std over the window's evaluated rounds" in table and "std across seeds" in table
 
 
+def test_table1_from_several_files_pools_one_seed_runs_and_says_which_rows_ran_how(tmp_path):
+  """FedAvg-AT's seeds run one at a time on a CPU, FedALC's as one seeds program elsewhere: one table, the pooled
+  cell shown as mean ± std across its seeds, each way of running named with its rows."""
+  paths = []
+  for seed, natural in ((0, 84.0), (1, 88.0)):
+    cell = {**_cell(natural, seeds=[seed], examples=500), "command": f"seed {seed}"}
+    cell["config"]["seed"] = seed
+    del cell["natural_std"]  # a one-seed run stores its window's std only
+    paths.append(tmp_path / f"fedavg_seed{seed}.json")
+    paths[-1].write_text(json.dumps({t.cell_key("mnist", 0.1, "fedavg"): {**cell, "seeds": []}}))
+  paths.append(tmp_path / "fedalc_seeds.json")
+  paths[-1].write_text(json.dumps({t.cell_key("mnist", 0.1, "fedalc"): _cell(71.0)}))
+  table = t.table_from_json(",".join(str(p) for p in paths), "table1")
+  row = [line for line in table.splitlines() if line.startswith("| 0.1 | FedAvg |")][0]
+  assert "86.00 ± 2.00 / 79.51 ± 0.43" in row  # mean of 84 and 88 ± their std across seeds
+  note = [line for line in table.splitlines() if line.startswith("Cells ran with")][0]
+  pooled, program = note.split("[FedAvg α 0.1]; ")
+  assert "2 seed(s) (pooled from 2 separate one-seed runs); robust columns on the first 500 test images" in pooled
+  assert "3 seed(s); " in program and program.split(". Shown")[0].endswith("[FedALC α 0.1]")
+  assert "first 500" not in program
+  assert "FedALC − FedAvg in [+1, +4] at α = 0.1: NOT met (-15.00)" in table
+
+
 def test_table2_and_its_paper_row():
   results = {t.cell_key("cifar10", 0.1, "fedalc"): _cell(44.0), t.cell_key("cifar10", 0.1, "natural"): _cell(50.0)}
   for c in results.values():

@@ -20,3 +20,49 @@ def test_cell_line_shows_only_what_the_cell_has():
                                   "models": {"before": 63.25, "unused": None},
                                   "detection_tpr": 0.0, "detection_fpr": 4 / 7})
   assert line.split()[1:] == ["63.00", "±", "1.10", "(before", "63.25,", "TPR", "0.00", "FPR", "0.57)", "300s"]
+
+
+def _one_seed_cell(seed, value, wall_s=100.0, rounds=100, commit="abc"):
+  return {"value": value, "natural": value, "natural_window_std": 0.5, "curves": {"round": [1]}, "rounds": rounds,
+          "epochs": 1, "protocol": {"rounds": rounds, "reduced": False}, "config": {"seed": seed, "rounds": rounds},
+          "command": f"run --seed {seed}", "commit": commit, "dirty": False, "device_kind": "cpu", "wall_s": wall_s}
+
+
+def test_one_seed_runs_pool_into_a_seeds_cell_by_hand():
+  cell = grid.pool_seed_cells([_one_seed_cell(2, 90.0, 300.0), _one_seed_cell(0, 84.0), _one_seed_cell(1, 87.0)])
+  assert cell["seeds"] == [0, 1, 2] and list(cell["per_seed"]) == ["0", "1", "2"]  # ordered by seed
+  assert cell["value"] == 87.0 and cell["natural_values"] == [84.0, 87.0, 90.0]
+  assert np.isclose(cell["natural_std"], np.sqrt(6.0))  # ddof 0: (9 + 0 + 9) / 3
+  assert cell["natural_window_std"] == 0.5 and cell["natural_window_std_std"] == 0.0
+  assert "command" not in cell["per_seed"]["0"] and cell["per_seed"]["2"]["curves"] == {"round": [1]}
+  assert cell["pooled_runs"]["2"]["command"] == "run --seed 2" and cell["wall_s"] == 500.0
+  assert cell["config"] == {"seed": 0, "rounds": 100} and cell["protocol"] == {"rounds": 100, "reduced": False}
+
+
+def test_pooling_refuses_what_would_be_silently_wrong():
+  import pytest
+  with pytest.raises(ValueError, match="distinct seeds"):
+    grid.pool_seed_cells([_one_seed_cell(1, 80.0), _one_seed_cell(1, 81.0)])
+  with pytest.raises(ValueError, match="'protocol'"):
+    grid.pool_seed_cells([_one_seed_cell(0, 80.0), _one_seed_cell(1, 81.0, rounds=20)])
+  with pytest.raises(ValueError, match="already pooled"):
+    grid.pool_seed_cells([{**_one_seed_cell(0, 80.0), "seeds": [0, 1]}, _one_seed_cell(2, 81.0)])
+  with pytest.raises(ValueError, match="no cells"):
+    grid.pool_seed_cells([])
+
+
+def test_load_pooled_pools_a_key_found_in_several_files_and_keeps_the_rest(tmp_path):
+  files = []
+  for seed, value in ((0, 84.0), (1, 87.0)):
+    path = tmp_path / f"seed{seed}.json"
+    path.write_text(json.dumps({"a": _one_seed_cell(seed, value), f"only{seed}": _one_seed_cell(seed, 1.0)}))
+    files.append(path)
+  cells = grid.load_pooled(files)
+  assert sorted(cells) == ["a", "only0", "only1"]
+  assert cells["a"]["seeds"] == [0, 1] and cells["a"]["value"] == 85.5
+  assert "seeds" not in cells["only0"]  # found once: as stored
+
+
+def test_a_records_own_std_field_never_hides_the_std_across_seeds():
+  cells = [{**_one_seed_cell(seed, value), "natural_std": 0.5} for seed, value in ((0, 84.0), (1, 88.0))]
+  assert grid.pool_seed_cells(cells)["natural_std"] == 2.0
