@@ -1,5 +1,6 @@
 """FedCC: Tables II (no attack), III (Fang-Krum, Fang-Med, Targeted), I (similarity ablation), IV (K = 100, partial
-participation) and V (doubled epochs), spec §4.7, §5.
+participation) and V (doubled epochs), and Figs. 4 (backdoor confidence per round) and 5 (f = 1..4 attackers), spec
+§4.7, §5.
 
 Every cell is ``experiments/configs/fedcc_<dataset>.py:<scenario>,<iid|noniid>,<rule>`` run at ``--seeds``
 (default 0,1,2: one vmapped program per cell) and valued by the final-round global model's top-1 accuracy on
@@ -10,6 +11,7 @@ metrics when the run has them. Cells are keyed ``<scenario>__<dist>__<dataset>__
   python experiments/fedcc_tables.py --mode table3 --from_json experiments/results/fedcc_cpu.json
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table4 --datasets cifar10    # K = 100
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table5                        # E 6 / 12
+  python experiments/fedcc_tables.py --data_dir ../shared/data --mode fig5 --figure runs/fedcc/fig5.png  # f = 1..4
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table2 --datasets fmnist --rounds 5 \\
       --epochs 1 --set data.samples_per_class=200 --seeds 0,1,2                      # a reduced CPU run
 
@@ -100,6 +102,9 @@ PAPER_TABLE1_CONFIDENCE = {
 PAPER_FEDCC_BACKDOOR_CONFIDENCE = dict(zip(("iid", "noniid"), PAPER_TABLE1_CONFIDENCE["fedcc"]))
 # Table V (targeted, non-IID, benign E = 6, attacker E_mal = 12): dataset -> (FedAvg, Coomed, FLARE, FedCC).
 PAPER_TABLE5 = {"fmnist": (69.40, 72.11, 72.32, 82.31), "cifar10": (53.85, 49.18, 21.61, 54.94)}
+# Fig. 5 (non-IID, K = 10, full participation, Fang-Krum and Fang-Med): accuracy against the number of attackers f,
+# for Table IV's four rules. The paper draws curves only; f = 3 is Table III's cell (the same key).
+FIG5_ATTACKERS = (1, 2, 3, 4)
 
 
 def cell_key(scenario: str, dist: str, dataset: str, rule: str, variant: str = "") -> str:
@@ -117,6 +122,8 @@ def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str,
     config.sampler.name = "stratified"  # exactly 30% of each round's participants are attackers
   elif variant == "e6":  # Table V: benign 6 epochs, the attacker 12 (spec §4.4)
     epochs, config.attack.client.epochs = 6, 12
+  elif variant.startswith("f"):  # Fig. 5: f of the K clients are attackers (int(K * fraction) of them)
+    config.attack.fraction = int(variant[1:]) / config.data.num_clients
   config = grid.apply_run_args(config, args)
   config.rounds = args.rounds or rounds  # 0 = the scenario's own (spec §4.6)
   # Targeted cells evaluate every round: Fig. 4's backdoor confidence curves (stored per round in the cell).
@@ -273,11 +280,109 @@ def fig4_figure(results: dict, path: Path) -> None:
   fig.savefig(path.with_suffix(".svg"))
 
 
-TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5, "fig4": fig4}
+def fig5_variant(f: int) -> str:
+  """Fig. 5's cell variant for ``f`` attackers: f = 3 is Table III's own cell (no variant)."""
+  return "" if f == 3 else f"f{f}"
 
 
-def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS)) -> list[tuple[str, str, str, str, str]]:
-  """``(scenario, dist, dataset, rule, variant)`` of every cell of ``mode``."""
+def _fig5_rows(results: dict) -> list[tuple[str, str, str, list[dict | None]]]:
+  """``(attack, dataset, rule, [cell at f = 1..4])`` of every (attack, dataset, rule) with a cell at f != 3 (Table
+  III's f = 3 cells alone do not make a Fig. 5 curve)."""
+  rows = []
+  for attack in ("fang_krum", "fang_median"):
+    for dataset in DATASETS:
+      for rule in TABLE4_RULES:
+        cells = [results.get(cell_key(attack, "noniid", dataset, rule, fig5_variant(f))) for f in FIG5_ATTACKERS]
+        if any(c for f, c in zip(FIG5_ATTACKERS, cells) if f != 3):
+          rows.append((attack, dataset, rule, cells))
+  return rows
+
+
+def fig5_checks(results: dict) -> list[tuple[str, bool | None, str]]:
+  """The paper's two claims about Fig. 5 (§VII-A), per attack and dataset with cells: FedCC has the highest accuracy
+  at every f, and Coomed's accuracy falls the most from f = 1 to f = 4 (of the three defenses), as ``(claim, met /
+  NOT met / None = not run, the numbers)``."""
+  by_panel: dict[tuple[str, str], dict[str, list[dict | None]]] = {}
+  for attack, dataset, rule, cells in _fig5_rows(results):
+    by_panel.setdefault((attack, dataset), {})[rule] = cells
+  checks = []
+  for (attack, dataset), rules in by_panel.items():
+    where = f"{ATTACKS[attack]}, {DATASETS[dataset]}"
+    complete = [r for r in TABLE4_RULES if all(rules.get(r, [None])[i] for i in range(len(FIG5_ATTACKERS)))]
+    if "fedcc" in complete and len(complete) > 1:
+      wins = [all(rules["fedcc"][i]["value"] >= rules[r][i]["value"] for r in complete)
+              for i in range(len(FIG5_ATTACKERS))]
+      checks.append((f"FedCC highest at every f ({where})", all(wins),
+                     "best at f = " + ", ".join(str(f) for f, w in zip(FIG5_ATTACKERS, wins) if w) if any(wins)
+                     else "best at no f"))
+    else:
+      checks.append((f"FedCC highest at every f ({where})", None, "needs FedCC and another rule at every f"))
+    defenses = [r for r in ("median", "flare", "fedcc") if r in complete]
+    if "median" in defenses and len(defenses) > 1:
+      drops = {r: rules[r][0]["value"] - rules[r][-1]["value"] for r in defenses}
+      checks.append((f"Coomed falls the most from f = 1 to 4 ({where})", max(drops, key=drops.get) == "median",
+                     "drops: " + ", ".join(f"{RULES[r]} {d:.2f}" for r, d in drops.items())))
+    else:
+      checks.append((f"Coomed falls the most from f = 1 to 4 ({where})", None,
+                     "needs Coomed and another defense at every f"))
+  return checks
+
+
+def fig5(results: dict) -> str:
+  """Fig. 5 as a table: the final global accuracy (%) at f = 1..4 attackers of 10 (non-IID), then the paper's two
+  claims checked on our cells (it gives no numbers)."""
+  lines = ["| Attack | Dataset | Rule | " + " | ".join(f"f = {f}" for f in FIG5_ATTACKERS) + " |",
+           "|---" * (3 + len(FIG5_ATTACKERS)) + "|"]
+  rows = _fig5_rows(results)
+  for attack, dataset, rule, cells in rows:
+    lines.append(f"| {ATTACKS[attack]} | {DATASETS[dataset]} | {RULES[rule]} | "
+                 + " | ".join(_fmt(c) for c in cells) + " |")
+  if not rows:
+    return "(no Fig. 5 cell in these results: cells at f = 1, 2 or 4)\n"
+  present = {k: results[k] for attack, dataset, rule, _ in rows for f in FIG5_ATTACKERS
+             if (k := cell_key(attack, "noniid", dataset, rule, fig5_variant(f))) in results}
+  status = {True: "met", False: "NOT met", None: "not run"}
+  claims = [f"- {claim}: {status[ok]} ({numbers})." for claim, ok, numbers in fig5_checks(results)]
+  return "\n".join(lines + ["", "The paper's claims (§VII-A; curves only, no numbers), on these cells:", *claims, "",
+                            _reduced_note(present)]) + "\n"
+
+
+def fig5_figure(results: dict, path: Path) -> None:
+  """Fig. 5's curves: final accuracy against the number of attackers, one panel per (attack, dataset), one line per
+  rule (± the std over seeds as error bars when a cell has several)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  rows = _fig5_rows(results)
+  panels = list(dict.fromkeys((a, ds) for a, ds, _, _ in rows))
+  if not panels:
+    raise ValueError("no Fig. 5 cell (f = 1, 2 or 4 attackers) in these results")
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+  for ax, (attack, dataset) in zip(axes[0], panels):
+    for a, ds, rule, cells in rows:
+      if (a, ds) != (attack, dataset):
+        continue
+      points = [(f, c["value"], c.get("value_std", 0.0)) for f, c in zip(FIG5_ATTACKERS, cells) if c]
+      fs, values, stds = zip(*points)
+      ax.errorbar(fs, values, yerr=stds, marker="o", capsize=3, label=RULES[rule],
+                  lw=2.2 if rule == "fedcc" else 1.1, color=f"C{list(RULES).index(rule)}")  # same colour per rule
+    ax.set(title=f"{ATTACKS[attack]}, {DATASETS[dataset]}, non-IID (K = 10)", xlabel="malicious clients f (of 10)",
+           ylabel="global test accuracy (%)", xticks=list(FIG5_ATTACKERS))
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  fig.savefig(path.with_suffix(".svg"))
+
+
+TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5, "fig4": fig4,
+          "fig5": fig5}
+FIGURES = {"fig4": fig4_figure, "fig5": fig5_figure}
+
+
+def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS), attackers=FIG5_ATTACKERS
+             ) -> list[tuple[str, str, str, str, str]]:
+  """``(scenario, dist, dataset, rule, variant)`` of every cell of ``mode`` (``attackers``: Fig. 5's f values)."""
   if mode == "table2":
     return [("none", d, ds, r, "") for ds in datasets for d in dists for r in rules]
   if mode == "table3":
@@ -290,8 +395,24 @@ def cells_of(mode: str, datasets, dists, rules, attacks=tuple(ATTACKS)) -> list[
   if mode == "table5":
     return [("targeted", "noniid", ds, r, "e6") for ds in datasets if ds != "cifar100" for r in rules
             if r in TABLE4_RULES]
+  if mode == "fig5":  # f = 3 is Table III's cell (the same key): leave it out of `attackers` to reuse a stored one
+    return [(a, "noniid", ds, r, fig5_variant(f)) for ds in datasets if ds != "cifar100" for a in attacks
+            if a != "targeted" for r in rules if r in TABLE4_RULES for f in attackers]
   return [(a, d, "cifar10", r, "") for a, d in TABLE1_COLUMNS if d in dists and a in attacks
           for r in SIMILARITIES if rules is None or r in rules]
+
+
+def attackers_of(value: str) -> tuple[int, ...]:
+  found = tuple(int(v) for v in value.replace(" ", "").split(",") if v)
+  if not found or any(f not in FIG5_ATTACKERS for f in found):
+    raise SystemExit(f"--attackers: numbers of attackers from {FIG5_ATTACKERS} (Fig. 5), got {value!r}")
+  return found
+
+
+def figure_of(mode: str):
+  if mode not in FIGURES:
+    raise SystemExit(f"--figure: --mode {mode} draws no figure (only {', '.join(FIGURES)})")
+  return FIGURES[mode]
 
 
 def table_from_json(path, mode: str) -> str:
@@ -305,26 +426,31 @@ def main():
   parser.add_argument("--dists", default="noniid,iid")
   parser.add_argument("--rules", default="", help="comma-separated rules (default: the table's all; --mode table1: "
                       "similarities, " + ",".join(SIMILARITIES) + ")")
-  parser.add_argument("--attacks", default=",".join(ATTACKS), help="--mode table3 / table1: which attacks, in this order")
+  parser.add_argument("--attacks", default=",".join(ATTACKS),
+                      help="--mode table3 / table1 / fig5: which attacks, in this order")
+  parser.add_argument("--attackers", default=",".join(map(str, FIG5_ATTACKERS)),
+                      help="--mode fig5: which numbers of attackers f (of 10) to run; 3 is Table III's cell, the "
+                           "same key, so leave it out to show a stored Table III cell from the same --out_dir")
   parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
-  parser.add_argument("--figure", default="", help="fig4: also draw the backdoor confidence curves to this PNG (+SVG)")
+  parser.add_argument("--figure", default="", help="fig4 / fig5: also draw the figure's curves to this PNG (+SVG)")
   grid.add_common_args(parser, "runs/fedcc")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2")
   args = parser.parse_args()
   if args.from_json:
     print(table_from_json(args.from_json, args.mode), end="")
-    if args.mode == "fig4" and args.figure:
-      fig4_figure(json.loads(Path(args.from_json).read_text()), Path(args.figure))
+    if args.figure:
+      figure_of(args.mode)(json.loads(Path(args.from_json).read_text()), Path(args.figure))
     return
   logging.basicConfig(level=logging.WARNING)
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)
   cells = [(cell_key(*c), cell_config(*c, args), record)
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),
                              pick(args.rules, SIMILARITIES if args.mode == "table1" else RULES),
-                             pick(args.attacks, ATTACKS))]
+                             pick(args.attacks, ATTACKS), attackers_of(args.attackers))]
+  draw = figure_of(args.mode) if args.figure else None  # refused before any cell runs
   print(grid.run_and_tabulate(cells, args, TABLES[args.mode]))
-  if args.mode == "fig4" and args.figure:
-    fig4_figure(grid.merged_results(Path(args.out_dir)), Path(args.figure))
+  if draw is not None:
+    draw(grid.merged_results(Path(args.out_dir)), Path(args.figure))
 
 
 if __name__ == "__main__":

@@ -111,3 +111,50 @@ def test_table4_and_table5_cells_configure_the_paper_variants():
   assert c.sampler.name == "stratified"
   c = t.cell_config("targeted", "noniid", "fmnist", "median", "e6", args)
   assert (c.client.epochs, c.attack.client.epochs, c.rounds) == (6, 12, 40)
+
+
+def test_fig5_cells_configure_f_attackers_and_reuse_table3_at_f3():
+  from experiments import fedcc_tables as t
+  import argparse
+  from fedjax_robust.attacks import choose_malicious
+  args = argparse.Namespace(rounds=0, epochs=0, seed=0, seeds="", data_dir=None, checkpoint_every=0, resume=False,
+                            strategy="", set=[])
+  for f in t.FIG5_ATTACKERS:
+    c = t.cell_config("fang_krum", "noniid", "cifar10", "median", t.fig5_variant(f), args)
+    assert int(choose_malicious(c.data.num_clients, c.attack.fraction, 0).sum()) == f
+    assert (c.data.num_clients, c.server.participation, c.rounds) == (10, 1.0, 30)
+  assert t.fig5_variant(3) == "" and t.cell_key("fang_krum", "noniid", "cifar10", "median", t.fig5_variant(3)) == \
+      "fang_krum__noniid__cifar10__median"  # Table III's cell
+  cells = t.cells_of("fig5", ["fmnist", "cifar10", "cifar100"], ["noniid"], list(t.RULES), list(t.ATTACKS))
+  assert len(cells) == 2 * 2 * 4 * 4  # no CIFAR-100 (Tables IV-V's datasets), no targeted, Table IV's four rules
+  assert len(t.cells_of("fig5", ["cifar10"], ["noniid"], ["fedcc"], ["fang_median"], (1, 2, 4))) == 3
+  assert t.attackers_of("1, 2,4") == (1, 2, 4)
+  with pytest.raises(SystemExit, match="attackers"):
+    t.attackers_of("5")
+  with pytest.raises(SystemExit, match="draws no figure"):
+    t.figure_of("table3")
+
+
+def test_fig5_table_checks_the_papers_two_claims_by_hand(tmp_path):
+  from experiments import fedcc_tables as t
+  acc = {"fedcc": (40.0, 39.0, 38.0, 37.0), "median": (41.0, 35.0, 30.0, 20.0), "fedavg": (10.0, 10.0, 10.0, 10.0)}
+  results = {}
+  for rule, values in acc.items():
+    for f, v in zip(t.FIG5_ATTACKERS, values):
+      results[t.cell_key("fang_median", "noniid", "cifar10", rule, t.fig5_variant(f))] = {
+          "value": v, "rounds": 15, "epochs": 2}
+  results[t.cell_key("fang_median", "noniid", "cifar10", "fedcc", "f2")]["value_std"] = 0.5
+  results[t.cell_key("fang_krum", "noniid", "cifar10", "fedcc")] = {"value": 33.0, "rounds": 15, "epochs": 2}
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  text = t.table_from_json(path, "fig5")
+  assert "| Fang-Med | CIFAR10 | FedCC | 40.00 | 39.00 ± 0.50 | 38.00 | 37.00 |" in text
+  assert "| Fang-Med | CIFAR10 | Coomed | 41.00 | 35.00 | 30.00 | 20.00 |" in text
+  assert "Fang-Krum" not in text.split("The paper's")[0]  # a Table III cell alone (f = 3) is no Fig. 5 curve
+  # Coomed beats FedCC at f = 1 only; it drops 21 points, FedCC 3.
+  assert "- FedCC highest at every f (Fang-Med, CIFAR10): NOT met (best at f = 2, 3, 4)." in text
+  assert "- Coomed falls the most from f = 1 to 4 (Fang-Med, CIFAR10): met (drops: Coomed 21.00, FedCC 3.00)." in text
+  assert "15 rounds x E = 2" in text
+  t.fig5_figure(results, tmp_path / "fig5.png")
+  assert (tmp_path / "fig5.png").stat().st_size > 0 and (tmp_path / "fig5.svg").exists()
+  assert t.fig5({}).startswith("(no Fig. 5 cell")
