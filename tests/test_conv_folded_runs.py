@@ -9,6 +9,7 @@ shows in the first round's loss."""
 
 import ml_collections
 import numpy as np
+import pytest
 
 from fedjax_robust.experiment import default_config, run_experiment
 from fedjax_robust.run import run_seeds
@@ -65,6 +66,7 @@ def test_folded_conv_shard_map_gives_the_canonical_numbers(tmp_path):
   _assert_same_run(finals["folded"], finals["canonical"], rows=64)
 
 
+@pytest.mark.fast_compiles  # no BatchNorm here: both sides agree unoptimized too (24 -> 16 s)
 def test_folded_conv_fedcap_stacked_pair_gives_the_canonical_numbers(tmp_path, shared_data, data_cache_dir):
   """FedCAP's two models as one vmapped pass (the GPU's ``pair_forward``): ``grad`` of the stacked pass reaches the
   folded rule with the pair axis inside the clients' (FedAvgCNN on a little MNIST; FedCAP takes no BatchNorm)."""

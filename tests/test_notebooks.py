@@ -24,17 +24,19 @@ NOTEBOOKS = ROOT / "notebooks"
 KERNEL = "fedjax-robust-tests"
 CELL_TIMEOUT_S = 300  # one cell; a whole small run takes ~15-40 s on an idle 2-core CPU
 
-# notebook -> its small settings (Python assignments), the XLA:CPU host device count of its kernel and the
-# offline dataset copy it reads (its DATA_DIR).
+# notebook -> its small settings (Python assignments), the XLA:CPU host device count of its kernel, the
+# offline dataset copy it reads (its DATA_DIR) and whether its kernel compiles with XLA's optimizations off
+# (JAX_DISABLE_MOST_OPTIMIZATIONS, as the `fast_compiles` tests of tests/conftest.py: the MLP notebooks' runs
+# compile longer than they run, -10 s for the quickstart; the CNN of fedcap_tpu runs slower unoptimized).
 SMALL = {
-    "quickstart.ipynb": dict(devices=1, params={"ROUNDS": 8, "NUM_CLIENTS": 8}),
+    "quickstart.ipynb": dict(devices=1, fast_compiles=True, params={"ROUNDS": 8, "NUM_CLIENTS": 8}),
     # Two host devices: the notebook shards the client axis (engine.strategy=shard_map) as on a TPU's cores.
     "fedcap_tpu.ipynb": dict(devices=2, data="cifar10_jpeg",
                              params={"ROUNDS": 2, "NUM_CLIENTS": 20, "SAMPLES_PER_CLASS": 60, "EPOCHS": 1,
                                      "ALLOW_DOWNLOAD": False}),
     # Fig. 3's threat in miniature: 6 of 10 clients per round, attack at round 4 of 8, an MLP (LeNet-5 compiles
     # slowly on the CPU), no warm start and lr 0.05 so that the model has learned something before the attack.
-    "fedvsa_tpu.ipynb": dict(devices=2, data="mnist",
+    "fedvsa_tpu.ipynb": dict(devices=2, data="mnist", fast_compiles=True,
                              params={"METHODS": ("fedvsa", "fedavg"), "ROUNDS": 8, "ATTACK_ROUNDS": (4,),
                                      "NUM_CLIENTS": 10, "PARTICIPATION": 0.6, "EPOCHS": 1, "LR": 0.05,
                                      "PRETRAIN_ROUNDS": 0, "POOL_SIZE": 3000, "MAX_SAMPLES_PER_CLIENT": 300,
@@ -160,6 +162,8 @@ def test_notebook_runs(path, tmp_path, monkeypatch, data_cache_dir, shared_data)
              JAX_PLATFORMS="cpu",
              FEDJAX_ROBUST_CACHE=str(data_cache_dir),  # decoded datasets shared with the other tests
              PYDEVD_DISABLE_FILE_VALIDATION="1")  # no debugger warning about frozen modules
+  if small.get("fast_compiles"):
+    env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
   nb, seconds = execute(path, params, tmp_path, env)
   outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
   print(f"{path.name}: {seconds:.1f} s")
