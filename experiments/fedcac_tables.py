@@ -1,5 +1,5 @@
 """FedCAC: Table 1 (pathological), Table 2 (Dirichlet) and Table 3 (non-critical parameters: All vs As Critical),
-specs/fedcac.md §4; issue 32 §4.
+and the ablation figures 3 (selection rules), 5 (τ) and 6 (β), specs/fedcac.md §2, §4; issue 32 §4.
 
 Every cell is ``experiments/configs/fedcac_<dataset>.py:<partition>,<method>`` (the setting:
 experiments/configs/fedcac_setting.py) run at ``--seeds`` (default 0,1,2,3,4: ONE vmapped program per cell; each
@@ -19,6 +19,15 @@ the per-round series (evaluated every ``--eval_every`` rounds, default every rou
   python experiments/fedcac_tables.py --data_dir ../shared/data --mode table1 --datasets cifar10 \\
       --methods fedcac,fedavg --rounds 2 --epochs 1 --seeds 0,1 --set data.num_clients=4   # a reduced CPU run
   python experiments/fedcac_tables.py --mode table1 --from_json experiments/results/fedcac_<...>.json
+  python experiments/fedcac_tables.py --data_dir ../shared/data --mode fig5 --datasets cifar10 --figure f5.png
+
+Figures (spec §2's ablation switches, §4's figure-only results; the paper gives curves, no numbers): ``fig3``
+runs FedCAC on the pathological partition with τ = 0.5 and every critical parameter kept local (collaboration
+``none``) under each selection rule (methods ``fedcac_local_<selection>``: sensitivity, random,
+sensitivity_reverse) and draws the per-round accuracy; ``fig5`` sweeps τ (``--taus``, methods ``fedcac_tau<τ>``)
+and ``fig6`` β (``--betas``, ``fedcac_beta<β>``) on Dirichlet α = 0.1 and draw the best-round accuracy against
+them. A sweep's value equal to the dataset's own τ / β is the plain ``fedcac`` cell (Table 2's, the same key).
+``--figure F.png`` draws them (PNG and SVG).
 
 A seeds program is one compiled run and cannot checkpoint (fedjax_robust/run.py). Where a cell's five seeds do not
 fit in one command, ``--one_seed_per_cell`` runs each seed of ``--seeds`` as its own plain run keyed
@@ -95,6 +104,13 @@ PAPER_TABLE3 = {
 }
 TABLE2_COLUMNS = [(d, a) for d in DATASETS for a in ALPHAS[d]]
 
+# Figures 3, 5, 6 (spec §2 ablations, §4 figure-only targets). The paper does not list its sweep values.
+FIG3_SELECTIONS = {"sensitivity": "Sensitivity", "random": "Random", "sensitivity_reverse": "Sensitivity_Reverse"}
+FIG3_TAU = 0.5
+FIG_ALPHA = 0.1  # Figs. 5 and 6: Dirichlet α = 0.1
+FIG5_TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
+FIG6_BETAS = (10, 50, 100, 170, 250, 400)
+
 
 def partition_name(alpha: float | None) -> str:
   """``None`` -> ``pathological``; ``0.1`` -> ``dir0.1`` (the config argument's partition)."""
@@ -156,6 +172,34 @@ def setting():
   return load_module(Path(__file__).resolve().parent / "configs" / "fedcac_setting.py")
 
 
+def method_variant(method: str) -> tuple[str, dict]:
+  """A figure cell's method as ``(the setting's method, config overrides)``: ``fedcac_local_<selection>`` (Fig. 3:
+  that selection rule, τ = 0.5, critical parameters purely local), ``fedcac_tau<τ>`` (Fig. 5), ``fedcac_beta<β>``
+  (Fig. 6); any other method is the setting's own, unchanged."""
+  if method.startswith("fedcac_local_"):
+    selection = method[len("fedcac_local_"):]
+    if selection not in FIG3_SELECTIONS:
+      raise ValueError(f"unknown selection rule in {method!r}; one of {tuple(FIG3_SELECTIONS)}")
+    return "fedcac", {"algorithm.fedcac.selection": selection, "algorithm.fedcac.collaboration": "none",
+                      "algorithm.fedcac.tau": FIG3_TAU}
+  for prefix, field, kind in (("fedcac_tau", "tau", float), ("fedcac_beta", "beta", int)):
+    if method.startswith(prefix):
+      try:
+        value = kind(float(method[len(prefix):]))
+      except ValueError:
+        raise ValueError(f"{method!r}: expected {prefix}<number>") from None
+      return "fedcac", {f"algorithm.fedcac.{field}": value}
+  return method, {}
+
+
+def sweep_method(dataset: str, field: str, value: float) -> str:
+  """The cell method of a Fig. 5 (``tau``) / Fig. 6 (``beta``) sweep point: the dataset's own value is the plain
+  ``fedcac`` cell (Table 2's at α = 0.1), any other ``fedcac_<field><value>``."""
+  _, _, tau, beta, _, _ = setting().DATASETS[dataset]
+  own = tau if field == "tau" else beta
+  return "fedcac" if float(value) == float(own) else f"fedcac_{field}{value:g}"
+
+
 def cell_config(dataset: str, partition: str, method: str, args, seed: int | None = None):
   """One cell's config: the dataset's FedCAC setting for ``<partition>,<method>``, the grid-wide flags applied,
   rounds / local epochs the paper's (500 x 5) unless ``--rounds`` / ``--epochs`` reduce them, evaluated every
@@ -164,7 +208,11 @@ def cell_config(dataset: str, partition: str, method: str, args, seed: int | Non
   it, as the seeds program sets each of its seeds (``seed_fields``)."""
   from fedjax_robust.config_files import load_module
   root = Path(__file__).resolve().parent
-  config = load_module(root / "configs" / f"fedcac_{dataset}.py").get_config(f"{partition},{method}")
+  base, overrides = method_variant(method)
+  config = load_module(root / "configs" / f"fedcac_{dataset}.py").get_config(f"{partition},{base}")
+  grid.apply_overrides(config, [f"{k}={v}" for k, v in overrides.items()])
+  if overrides:
+    config.output.name = f"fedcac_{dataset}_{partition}_{method}"
   rounds, epochs = config.rounds, config.client.epochs
   config = grid.apply_run_args(config, args)
   config.rounds = args.rounds or rounds
@@ -254,12 +302,19 @@ def hoist_protocol(cell: dict) -> dict:
   return cell
 
 
-def cells_of(mode: str, datasets, methods=None, partitions=None) -> list[tuple[str, str, str]]:
+def cells_of(mode: str, datasets, methods=None, partitions=None, taus=FIG5_TAUS, betas=FIG6_BETAS
+             ) -> list[tuple[str, str, str]]:
   """``(dataset, partition, method)`` of every cell of ``mode``; ``methods`` / ``partitions`` filter (None = all the
-  table's)."""
+  table's); ``taus`` / ``betas``: the Fig. 5 / Fig. 6 sweep points."""
   out = []
   for d in datasets:
-    if mode == "table1":
+    if mode == "fig3":
+      parts, ms = ["pathological"], [f"fedcac_local_{s}" for s in FIG3_SELECTIONS]
+    elif mode == "fig5":
+      parts, ms = [partition_name(FIG_ALPHA)], [sweep_method(d, "tau", v) for v in taus]
+    elif mode == "fig6":
+      parts, ms = [partition_name(FIG_ALPHA)], [sweep_method(d, "beta", v) for v in betas]
+    elif mode == "table1":
       parts, ms = ["pathological"], list(METHODS)
     elif mode == "table2":
       parts, ms = [partition_name(a) for a in ALPHAS[d]], list(METHODS)
@@ -447,7 +502,183 @@ def acceptance_table3(results: dict, columns: list[tuple[str, str]]) -> str:
   return "\n".join(lines)
 
 
-TABLES = {"table1": table1, "table2": table2, "table3": table3}
+# ------------------------------------------------------------------------------------------ figures 3, 5, 6
+def _figure_datasets(results: dict, keys) -> list[str]:
+  """The datasets with at least one cell among ``keys(dataset)``."""
+  return [d for d in DATASETS if any(lookup(results, d, p, m) for p, m in keys(d))]
+
+
+def fig3_cells(results: dict, dataset: str) -> dict[str, dict]:
+  """selection rule -> its Fig. 3 cell (pathological, τ = 0.5, critical parameters local), for the rules run."""
+  found = {s: lookup(results, dataset, "pathological", f"fedcac_local_{s}") for s in FIG3_SELECTIONS}
+  return {s: c for s, c in found.items() if c}
+
+
+def _mean_curve(cell: dict) -> tuple[list[int], list[float]] | None:
+  """``(rounds, client_acc_mean in %)``: the cell's curve, or the seeds' mean curve."""
+  curves = [cell.get("curves")] if cell.get("curves") else [r.get("curves") for r in cell.get("per_seed", {}).values()]
+  curves = [c for c in curves if c and c.get("client_acc_mean")]
+  if not curves:
+    return None
+  rounds = curves[0]["round"]
+  values = [100.0 * sum(c["client_acc_mean"][i] for c in curves) / len(curves) for i in range(len(rounds))]
+  return rounds, values
+
+
+def fig3_claims(results: dict, dataset: str) -> list[tuple[str, bool | None, str]]:
+  """Spec §4's Fig. 3 target on the best-round means: Sensitivity > Random > Sensitivity_Reverse."""
+  cells = fig3_cells(results, dataset)
+  claim = f"Sensitivity > Random > Sensitivity_Reverse ({DATASETS[dataset]})"
+  if len(cells) < len(FIG3_SELECTIONS):
+    return [(claim, None, f"{len(cells)} of {len(FIG3_SELECTIONS)} rules run")]
+  v = [cells[s]["value"] for s in FIG3_SELECTIONS]
+  return [(claim, v[0] > v[1] > v[2], " / ".join(f"{x:.2f}" for x in v))]
+
+
+def _sweep(results: dict, dataset: str, field: str, values) -> list[tuple[float, dict]]:
+  part = partition_name(FIG_ALPHA)
+  found = [(v, lookup(results, dataset, part, sweep_method(dataset, field, v))) for v in values]
+  return [(v, c) for v, c in found if c]
+
+
+def _sweep_values(results: dict, dataset: str, field: str) -> list[float]:
+  """Every swept value of ``field`` with a stored cell (the defaults and any other ``fedcac_<field><v>`` key)."""
+  prefix = f"{dataset}__{partition_name(FIG_ALPHA)}__fedcac_{field}"
+  values = {float(k[len(prefix):].split("__")[0]) for k in results if k.startswith(prefix)}
+  _, _, tau, beta, _, _ = setting().DATASETS[dataset]
+  if lookup(results, dataset, partition_name(FIG_ALPHA), "fedcac"):
+    values.add(float(tau if field == "tau" else beta))
+  return sorted(values)
+
+
+def sweep_claims(results: dict, dataset: str, field: str) -> list[tuple[str, bool | None, str]]:
+  """Figs. 5 / 6 (spec §4): the best-round accuracy peaks inside the swept range, lower at both ends (τ: near 0.5;
+  β: "low for small β, decreases again for too large β")."""
+  points = _sweep(results, dataset, field, _sweep_values(results, dataset, field))
+  symbol = "τ" if field == "tau" else "β"
+  claim = f"accuracy peaks inside the {symbol} range, lower at both ends ({DATASETS[dataset]})"
+  if len(points) < 3:
+    return [(claim, None, f"{len(points)} {symbol} value(s) run, 3 needed")]
+  best = max(points, key=lambda p: p[1]["value"])
+  inside = best[0] not in (points[0][0], points[-1][0])
+  checks = [(claim, inside, f"best at {symbol} = {best[0]:g} ({best[1]['value']:.2f}); ends {points[0][1]['value']:.2f}"
+             f" at {points[0][0]:g}, {points[-1][1]['value']:.2f} at {points[-1][0]:g}")]
+  if field == "tau":
+    checks.append((f"the best τ within 0.3-0.7 (the paper: \"around 0.5\") ({DATASETS[dataset]})",
+                   0.3 <= best[0] <= 0.7, f"{best[0]:g}"))
+  return checks
+
+
+def _claims_text(checks) -> list[str]:
+  return [f"- {claim}: {_status(ok)} ({numbers})." for claim, ok, numbers in checks]
+
+
+def fig3(results: dict) -> str:
+  """Fig. 3 as a table: per dataset and selection rule, the best round's accuracy, its round, the last round's, and
+  the target's check (spec §4: Sensitivity > Random > Sensitivity_Reverse)."""
+  lines = ["**Fig. 3 — critical-parameter selection (pathological, τ = 0.5, critical parameters kept local)** "
+           "(accuracy %)", "", "| Dataset | Selection | best round's | its round | last round's |",
+           "|---|---|---|---|---|"]
+  checks, present = [], []
+  for d in _figure_datasets(results, lambda d: [("pathological", f"fedcac_local_{s}") for s in FIG3_SELECTIONS]):
+    for s, cell in fig3_cells(results, d).items():
+      lines.append(f"| {DATASETS[d]} | {FIG3_SELECTIONS[s]} | {ours(cell)} | {cell.get('best_round', '—')} | "
+                   f"{ours(cell, 'final')} |")
+      present.append(cell)
+    checks += fig3_claims(results, d)
+  if not present:
+    return "(no Fig. 3 cell in these results)\n"
+  return "\n".join(lines + ["", setup_note(present, []), "", "The paper's ordering (curves only, no numbers):",
+                            *_claims_text(checks), ""])
+
+
+def _sweep_table(results: dict, field: str, title: str) -> str:
+  symbol = "τ" if field == "tau" else "β"
+  lines = [f"**{title}** (best-round accuracy %)", "", f"| Dataset | {symbol} | ours |", "|---|---|---|"]
+  checks, present = [], []
+  for d in DATASETS:
+    for v, cell in _sweep(results, d, field, _sweep_values(results, d, field)):
+      own = sweep_method(d, field, v) == "fedcac"
+      lines.append(f"| {DATASETS[d]} | {v:g}{' (the setting’s)' if own else ''} | {ours(cell)} |")
+      present.append(cell)
+    if _sweep_values(results, d, field):
+      checks += sweep_claims(results, d, field)
+  if not present:
+    return f"(no {title.split(' —')[0]} cell in these results)\n"
+  return "\n".join(lines + ["", setup_note(present, []), "", "The paper's shape (curves only, no numbers):",
+                            *_claims_text(checks), ""])
+
+
+def fig5(results: dict) -> str:
+  return _sweep_table(results, "tau", f"Fig. 5 — effect of τ (Dirichlet α = {FIG_ALPHA})")
+
+
+def fig6(results: dict) -> str:
+  return _sweep_table(results, "beta", f"Fig. 6 — effect of β (Dirichlet α = {FIG_ALPHA})")
+
+
+def _axes(n: int):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.3), squeeze=False)
+  return plt, fig, axes[0]
+
+
+def _save(fig, path: Path) -> None:
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  fig.savefig(path.with_suffix(".svg"))
+
+
+def fig3_figure(results: dict, path: Path) -> None:
+  """Fig. 3: mean client accuracy per round under each selection rule, one panel per dataset."""
+  datasets = [d for d in DATASETS if fig3_cells(results, d)]
+  if not datasets:
+    raise ValueError("no Fig. 3 cell (fedcac_local_<selection>) in these results")
+  plt, fig, axes = _axes(len(datasets))
+  for ax, d in zip(axes, datasets):
+    for i, (s, cell) in enumerate(fig3_cells(results, d).items()):
+      curve = _mean_curve(cell)
+      if curve:
+        ax.plot(*curve, label=FIG3_SELECTIONS[s], color=f"C{list(FIG3_SELECTIONS).index(s)}")
+    ax.set(title=f"{DATASETS[d]}, pathological, τ = {FIG3_TAU}, critical local", xlabel="round",
+           ylabel="mean client accuracy after aggregation (%)")
+    ax.legend(fontsize=8)
+  _save(fig, path)
+
+
+def _sweep_figure(results: dict, path: Path, field: str) -> None:
+  symbol = "τ" if field == "tau" else "β"
+  datasets = [d for d in DATASETS if _sweep(results, d, field, _sweep_values(results, d, field))]
+  if not datasets:
+    raise ValueError(f"no {symbol} sweep cell in these results")
+  plt, fig, axes = _axes(len(datasets))
+  for ax, d in zip(axes, datasets):
+    points = _sweep(results, d, field, _sweep_values(results, d, field))
+    xs = [v for v, _ in points]
+    ax.errorbar(xs, [c["value"] for _, c in points], yerr=[c.get("value_std", 0.0) for _, c in points], marker="o",
+                capsize=3, label="FedCAC (ours)")
+    _, _, tau, beta, _, _ = setting().DATASETS[d]
+    ax.axvline(tau if field == "tau" else beta, color="gray", ls=":", lw=1,
+               label=f"the paper's choice ({symbol} = {tau if field == 'tau' else beta:g})")
+    ax.set(title=f"{DATASETS[d]}, Dirichlet α = {FIG_ALPHA}", xlabel=symbol,
+           ylabel="best-round mean client accuracy (%)")
+    ax.legend(fontsize=8)
+  _save(fig, path)
+
+
+def fig5_figure(results: dict, path: Path) -> None:
+  _sweep_figure(results, path, "tau")
+
+
+def fig6_figure(results: dict, path: Path) -> None:
+  _sweep_figure(results, path, "beta")
+
+
+TABLES = {"table1": table1, "table2": table2, "table3": table3, "fig3": fig3, "fig5": fig5, "fig6": fig6}
+FIGURES = {"fig3": fig3_figure, "fig5": fig5_figure, "fig6": fig6_figure}
 
 
 def table_from_json(path, mode: str) -> str:
@@ -472,18 +703,30 @@ def main():
                       help="run each of --seeds as its own plain run, keyed <cell>__seed<k> (the tables merge them): "
                       "unlike the one vmapped seeds program, such cells can --checkpoint_every / --resume")
   parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
+  parser.add_argument("--taus", default=",".join(f"{v:g}" for v in FIG5_TAUS), help="--mode fig5: the τ values")
+  parser.add_argument("--betas", default=",".join(f"{v:g}" for v in FIG6_BETAS), help="--mode fig6: the β values")
+  parser.add_argument("--figure", default="", help="fig3 / fig5 / fig6: also draw the figure to this PNG (+SVG)")
   grid.add_common_args(parser, "runs/fedcac")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2,3,4")
   args = parser.parse_args()
+  if args.figure and args.mode not in FIGURES:
+    parser.error(f"--figure: --mode {args.mode} draws no figure (only {', '.join(FIGURES)})")
   if args.from_json:
     print(table_from_json(args.from_json, args.mode), end="")
+    if args.figure:
+      FIGURES[args.mode](json.loads(Path(args.from_json).read_text()), Path(args.figure))
     return
   datasets, methods = _names(args.datasets), _names(args.methods)
-  bad = [d for d in datasets if d not in DATASETS] + [m for m in methods if m not in {**METHODS, **TABLE3_METHODS}]
+  bad = [d for d in datasets if d not in DATASETS] + [m for m in methods if method_variant(m)[0] not in
+                                                      {**METHODS, **TABLE3_METHODS}]
   if bad or not datasets:
     parser.error(f"unknown or empty --datasets / --methods: {bad or datasets}")
   logging.basicConfig(level=logging.WARNING)
-  chosen = cells_of(args.mode, datasets, methods or None, _names(args.partitions) or None)
+  try:
+    taus, betas = [float(v) for v in _names(args.taus)], [int(float(v)) for v in _names(args.betas)]
+  except ValueError:
+    parser.error(f"--taus / --betas: numbers, got {args.taus!r} / {args.betas!r}")
+  chosen = cells_of(args.mode, datasets, methods or None, _names(args.partitions) or None, taus, betas)
   if args.one_seed_per_cell:
     seeds = [int(s) for s in _names(args.seeds)] or [args.seed]
     cells = [(cell_key(*c, seed=s), cell_config(*c, args, seed=s), record) for c in chosen for s in seeds]
@@ -492,6 +735,8 @@ def main():
   if not cells:
     parser.error("no cell selected")
   print(grid.run_and_tabulate(cells, args, TABLES[args.mode], hoist_protocol))
+  if args.figure:
+    FIGURES[args.mode](grid.merged_results(Path(args.out_dir)), Path(args.figure))
 
 
 if __name__ == "__main__":

@@ -192,3 +192,74 @@ def test_one_seed_cells_are_merged_and_configured_like_the_seeds_program():
   assert t.lookup({**results, t.cell_key("cifar10", "pathological", "fedcac"): seeds_cell},
                   "cifar10", "pathological", "fedcac") is seeds_cell
   assert t.lookup(results, "cifar10", "pathological", "fedavg") is None
+
+
+def test_figure_cells_configure_the_ablation_switches_and_reuse_the_plain_cell():
+  c = t.cell_config("cifar10", "pathological", "fedcac_local_random", _args())
+  assert (c.algorithm.name, c.algorithm.fedcac.selection, c.algorithm.fedcac.collaboration) == (
+      "fedcac", "random", "none")
+  assert c.algorithm.fedcac.tau == 0.5 and c.output.name == "fedcac_cifar10_pathological_fedcac_local_random"
+  c = t.cell_config("cifar100", "dir0.1", "fedcac_tau0.7", _args(set=["algorithm.fedcac.tau=0.9"]))
+  assert c.algorithm.fedcac.tau == 0.9  # an explicit --set still wins
+  c = t.cell_config("cifar100", "dir0.1", "fedcac_beta50", _args())
+  assert (c.algorithm.fedcac.beta, c.algorithm.fedcac.tau) == (50, 0.4)
+  # The dataset's own τ / β is the plain cell: Table 2's key, not run twice.
+  assert t.sweep_method("cifar10", "tau", 0.5) == "fedcac" and t.sweep_method("cifar100", "tau", 0.5) == \
+      "fedcac_tau0.5"
+  assert t.sweep_method("cifar100", "beta", 170) == "fedcac" and t.sweep_method("cifar10", "beta", 170) == \
+      "fedcac_beta170"
+  assert t.cells_of("fig5", ["cifar10"], taus=(0.3, 0.5)) == [("cifar10", "dir0.1", "fedcac_tau0.3"),
+                                                             ("cifar10", "dir0.1", "fedcac")]
+  assert [m for _, _, m in t.cells_of("fig3", ["cifar100"])] == [
+      "fedcac_local_sensitivity", "fedcac_local_random", "fedcac_local_sensitivity_reverse"]
+  assert len(t.cells_of("fig6", ["cifar10", "cifar100"])) == 2 * len(t.FIG6_BETAS)
+  with pytest.raises(ValueError, match="selection"):
+    t.method_variant("fedcac_local_largest")
+  with pytest.raises(ValueError, match="fedcac_tau<number>"):
+    t.method_variant("fedcac_tauhigh")
+
+
+def _curve_cell(value, curve, final=None):
+  cell = _cell(value, rounds=30)
+  cell.update(best_round=curve.index(max(curve)) + 1, final=final if final is not None else 100 * curve[-1],
+              curves={"round": list(range(1, len(curve) + 1)), "client_acc_mean": curve}, seeds=[0])
+  return cell
+
+
+def test_fig3_table_and_its_ordering_by_hand(tmp_path):
+  results = {t.cell_key("cifar10", "pathological", "fedcac_local_sensitivity"): _curve_cell(80.0, [0.5, 0.8]),
+             t.cell_key("cifar10", "pathological", "fedcac_local_random"): _curve_cell(82.0, [0.82, 0.7]),
+             t.cell_key("cifar10", "pathological", "fedcac_local_sensitivity_reverse"): _curve_cell(60.0, [0.3, 0.6])}
+  text = t.fig3(results)
+  assert "| CIFAR-10 | Random | 82.00* | 1 | 70.00* |" in text  # best at round 1, then declines
+  assert "- Sensitivity > Random > Sensitivity_Reverse (CIFAR-10): NOT met (80.00 / 82.00 / 60.00)." in text
+  assert "CIFAR-100" not in text
+  del results[t.cell_key("cifar10", "pathological", "fedcac_local_random")]
+  assert "NOT" not in t.fig3(results) and "not run (2 of 3 rules run)" in t.fig3(results)
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  t.fig3_figure(results, tmp_path / "fig3.png")
+  assert (tmp_path / "fig3.png").stat().st_size > 0 and (tmp_path / "fig3.svg").exists()
+  assert t.fig3({}) == "(no Fig. 3 cell in these results)\n"
+
+
+def test_fig5_and_fig6_sweeps_and_their_shape_checks_by_hand(tmp_path):
+  results = {t.cell_key("cifar10", "dir0.1", "fedcac_tau0.1"): _cell(60.0),
+             t.cell_key("cifar10", "dir0.1", "fedcac"): _cell(86.0),  # τ = 0.5 and β = 100: CIFAR-10's own
+             t.cell_key("cifar10", "dir0.1", "fedcac_tau0.9") + "__seed0": {**_cell(80.0, seeds=[0])},
+             t.cell_key("cifar10", "dir0.1", "fedcac_beta10"): _cell(84.0),
+             t.cell_key("cifar10", "dir0.1", "fedcac_beta400"): _cell(87.0)}
+  text = t.fig5(results)
+  assert "| CIFAR-10 | 0.1 | 60.00 ± 0.50 |" in text and "| CIFAR-10 | 0.5 (the setting’s) | 86.00 ± 0.50 |" in text
+  assert "| CIFAR-10 | 0.9 | 80.00 |" in text  # a one-seed (__seed<k>) cell, merged by lookup
+  assert "- accuracy peaks inside the τ range, lower at both ends (CIFAR-10): met (best at τ = 0.5 (86.00); ends " \
+         "60.00 at 0.1, 80.00 at 0.9)." in text
+  assert "- the best τ within 0.3-0.7" in text and "(CIFAR-10): met (0.5)." in text
+  text = t.fig6(results)
+  assert "| CIFAR-10 | 100 (the setting’s) | 86.00 ± 0.50 |" in text and "| CIFAR-10 | 400 | 87.00 ± 0.50 |" in text
+  assert "(CIFAR-10): NOT met (best at β = 400 (87.00)" in text  # still rising at the largest β run
+  t.fig5_figure(results, tmp_path / "fig5.png")
+  t.fig6_figure(results, tmp_path / "fig6.png")
+  assert all((tmp_path / f).stat().st_size > 0 for f in ("fig5.png", "fig5.svg", "fig6.png", "fig6.svg"))
+  only_two = {k: v for k, v in results.items() if "beta" not in k and "tau0.9" not in k}
+  assert "not run (2 τ value(s) run, 3 needed)" in t.fig5(only_two)
