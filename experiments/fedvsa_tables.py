@@ -441,12 +441,14 @@ def main():
   parser.add_argument("--methods", default="", help="default: the mode's (14 methods; fig5: FedVSA's ablations)")
   parser.add_argument("--fresh", default="0.1,0.3,0.5", help="table5: the α values")
   parser.add_argument("--pretrain", type=int, default=5, help="warm-start FedAvg rounds (spec §4.6)")
-  parser.add_argument("--figure", default="", help="fig3: also write the curves to this PNG (and SVG)")
+  parser.add_argument("--figure", default="", help="fig3 / fig5: also write the curves to this PNG (and SVG)")
   parser.add_argument("--from_json", default=None,
                       help="print the mode's table from stored results files (comma-separated, merged) and exit")
   grid.add_common_args(parser, "runs/fedvsa")
   parser.set_defaults(rounds=0, epochs=0)
   args = parser.parse_args()
+  if args.figure and args.mode not in ("fig3", "fig5"):
+    parser.error(f"--figure: --mode {args.mode} draws no figure (only fig3, fig5)")
   if args.from_json:
     results = grid.merge_files(args.from_json.split(","))
     if args.figure:
