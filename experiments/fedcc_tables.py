@@ -22,7 +22,6 @@ metrics when the run has them. Cells are keyed ``<scenario>__<dist>__<dataset>__
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -415,8 +414,16 @@ def figure_of(mode: str):
   return FIGURES[mode]
 
 
-def table_from_json(path, mode: str) -> str:
-  return TABLES[mode](json.loads(Path(path).read_text()))
+def load_results(paths) -> dict:
+  """The cells of one stored results file or several (a comma-separated string or a list): a key stored as one-seed
+  cells in several files is pooled into mean ± std over their seeds (``grid.load_pooled``)."""
+  if isinstance(paths, (str, Path)):
+    paths = [p for p in str(paths).split(",") if p]
+  return grid.load_pooled(paths)
+
+
+def table_from_json(paths, mode: str) -> str:
+  return TABLES[mode](load_results(paths))
 
 
 def main():
@@ -431,7 +438,9 @@ def main():
   parser.add_argument("--attackers", default=",".join(map(str, FIG5_ATTACKERS)),
                       help="--mode fig5: which numbers of attackers f (of 10) to run; 3 is Table III's cell, the "
                            "same key, so leave it out to show a stored Table III cell from the same --out_dir")
-  parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
+  parser.add_argument("--from_json", default=None,
+                      help="print the mode's table from stored results files (comma-separated; a cell stored as "
+                           "one-seed runs in several files is shown as mean ± std over those seeds) and exit")
   parser.add_argument("--figure", default="", help="fig4 / fig5: also draw the figure's curves to this PNG (+SVG)")
   grid.add_common_args(parser, "runs/fedcc")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2")
@@ -439,7 +448,7 @@ def main():
   if args.from_json:
     print(table_from_json(args.from_json, args.mode), end="")
     if args.figure:
-      figure_of(args.mode)(json.loads(Path(args.from_json).read_text()), Path(args.figure))
+      figure_of(args.mode)(load_results(args.from_json), Path(args.figure))
     return
   logging.basicConfig(level=logging.WARNING)
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)

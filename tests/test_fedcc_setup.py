@@ -158,3 +158,15 @@ def test_fig5_table_checks_the_papers_two_claims_by_hand(tmp_path):
   t.fig5_figure(results, tmp_path / "fig5.png")
   assert (tmp_path / "fig5.png").stat().st_size > 0 and (tmp_path / "fig5.svg").exists()
   assert t.fig5({}).startswith("(no Fig. 5 cell")
+
+
+def test_fig5_from_several_files_shows_table3s_f3_cell_beside_the_sweep(tmp_path):
+  from experiments import fedcc_tables as t
+  sweep = {t.cell_key("fang_median", "noniid", "cifar10", "fedcc", t.fig5_variant(f)): {
+      "value": v, "rounds": 15, "epochs": 2} for f, v in ((1, 31.0), (2, 30.0), (4, 28.0))}
+  table3 = {t.cell_key("fang_median", "noniid", "cifar10", "fedcc"): {"value": 29.0, "rounds": 15, "epochs": 2}}
+  paths = [tmp_path / "sweep.json", tmp_path / "table3.json"]
+  for path, cells in zip(paths, (sweep, table3)):
+    path.write_text(json.dumps(cells))
+  text = t.table_from_json(",".join(map(str, paths)), "fig5")
+  assert "| Fang-Med | CIFAR10 | FedCC | 31.00 | 30.00 | 29.00 | 28.00 |" in text
