@@ -259,10 +259,19 @@ def pool_seed_cells(cells: list[dict]) -> dict:
 def load_pooled(paths: Iterable) -> dict:
   """The cells of several stored results files; a key that holds one-seed cells in more than one file is pooled
   into one seeds cell (:func:`pool_seed_cells`). Any other key found twice is refused (which one would a table
-  show?)."""
+  show?). An entry ``path::key1+key2`` takes only those keys from that file (a file that also holds cells not
+  meant for this table)."""
   found: dict[str, list[dict]] = {}
-  for path in paths:
-    for key, cell in json.loads(Path(path).read_text()).items():
+  for entry in paths:
+    path, _, keys = str(entry).partition("::")
+    cells = json.loads(Path(path).read_text())
+    if keys:
+      wanted = [k for k in keys.split("+") if k]
+      missing = [k for k in wanted if k not in cells]
+      if missing:
+        raise KeyError(f"{path} holds no cell {missing}")
+      cells = {k: cells[k] for k in wanted}
+    for key, cell in cells.items():
       found.setdefault(key, []).append(cell)
   return {key: cells[0] if len(cells) == 1 else pool_seed_cells(cells) for key, cells in found.items()}
 

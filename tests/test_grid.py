@@ -66,3 +66,14 @@ def test_load_pooled_pools_a_key_found_in_several_files_and_keeps_the_rest(tmp_p
 def test_a_records_own_std_field_never_hides_the_std_across_seeds():
   cells = [{**_one_seed_cell(seed, value), "natural_std": 0.5} for seed, value in ((0, 84.0), (1, 88.0))]
   assert grid.pool_seed_cells(cells)["natural_std"] == 2.0
+
+
+def test_load_pooled_takes_only_the_named_keys_of_a_file(tmp_path):
+  import pytest
+  big, single = tmp_path / "big.json", tmp_path / "seed1.json"
+  big.write_text(json.dumps({"a": _one_seed_cell(0, 84.0), "b": {**_one_seed_cell(0, 1.0), "seeds": [0, 1]}}))
+  single.write_text(json.dumps({"a": _one_seed_cell(1, 88.0)}))
+  cells = grid.load_pooled([f"{big}::a", single])
+  assert list(cells) == ["a"] and cells["a"]["seeds"] == [0, 1] and cells["a"]["value"] == 86.0
+  with pytest.raises(KeyError, match="no cell"):
+    grid.load_pooled([f"{big}::a+c"])
