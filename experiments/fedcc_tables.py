@@ -121,7 +121,7 @@ def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str,
     config.sampler.name = "stratified"  # exactly 30% of each round's participants are attackers
   elif variant == "e6":  # Table V: benign 6 epochs, the attacker 12 (spec §4.4)
     epochs, config.attack.client.epochs = 6, 12
-  elif variant.startswith("f"):  # Fig. 5: f of the K clients are attackers (int(K * fraction) of them)
+  elif variant.startswith("f"):  # Fig. 5: f of the K clients are attackers (floor(K * fraction) of them)
     config.attack.fraction = int(variant[1:]) / config.data.num_clients
   config = grid.apply_run_args(config, args)
   config.rounds = args.rounds or rounds  # 0 = the scenario's own (spec §4.6)

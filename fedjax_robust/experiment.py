@@ -132,7 +132,7 @@ def default_config() -> ml_collections.ConfigDict:
       # min_sum | ipm | fang_krum | fang_median | fang_trimmed_mean | boosting (fedjax_robust/attacks/registry.py).
       "name": "none",
       "params": ml_collections.ConfigDict(),  # the attack's parameters, e.g. {"knowledge": "partial"}
-      "fraction": 0.3,  # share of clients that are malicious (int(K * fraction)), fixed for the whole run
+      "fraction": 0.3,  # share of clients that are malicious (floor(K * fraction)), fixed for the whole run
       "seed": 0,  # which clients are malicious
       "legacy_numpy_selection": False,  # FedCAP's np.random.seed(seed); choice(K, int(K*p)) ids
       "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above

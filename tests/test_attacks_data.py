@@ -21,6 +21,14 @@ def test_choose_malicious_legacy_ids_of_fedcap():
   np.testing.assert_array_equal(m, attacks.choose_malicious(50, 0.2, seed=3))
 
 
+def test_choose_malicious_counts_the_fraction_meant_despite_float_rounding():
+  # 0.29 * 100 = 28.999999999999996 and 0.7 * 90 = 62.99999999999999 in binary floating point.
+  assert attacks.choose_malicious(100, 0.29).sum() == 29 and attacks.choose_malicious(90, 0.7).sum() == 63
+  assert all(attacks.choose_malicious(k, f / k).sum() == f for k in (10, 22, 23, 100) for f in range(k + 1))
+  assert attacks.choose_malicious(10, 0.35).sum() == 3 and attacks.choose_malicious(10, 0.399).sum() == 3  # floor
+  assert attacks.choose_malicious(20, 0.3, legacy_numpy=True).sum() == 6
+
+
 def test_flip_labels_both_modes_by_hand():
   y = np.array([0, 1, 2, 9, 0, 0], np.int32)  # n = 4: the last two rows are padding
   np.testing.assert_array_equal(attacks.flip_labels(y, 4, 10, "reverse"), [9, 8, 7, 0, 0, 0])

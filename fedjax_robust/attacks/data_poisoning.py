@@ -31,9 +31,15 @@ CORNERS = ("top_left", "top_right", "bottom_left", "bottom_right")
 
 
 # ------------------------------------------------------------------------------------------ attackers
+FRACTION_SLACK = 1e-9  # far above K * float eps for any K a simulation holds, far below any intended fraction
+
+
 def choose_malicious(num_clients: int, fraction: float = 0.3, seed: int = 0,
                      legacy_numpy: bool = False) -> np.ndarray:
-  """``[K]`` bool mask of ``int(K * fraction)`` attacker clients, fixed by ``seed``.
+  """``[K]`` bool mask of ``floor(K * fraction)`` attacker clients, fixed by ``seed``.
+
+  The floor forgives float rounding: ``0.29 * 100`` is ``28.999999999999996`` in binary floating point, and a plain
+  ``int()`` of it would give 28 attackers for a fraction meaning 29 (4,516 such ``k / K`` pairs for K <= 500).
 
   ``legacy_numpy=True`` reproduces FedCAP's ``np.random.seed(seed);
   np.random.choice(K, int(K*p), replace=False)`` (legacy MT19937 stream,
@@ -43,7 +49,7 @@ def choose_malicious(num_clients: int, fraction: float = 0.3, seed: int = 0,
   fraction = float(fraction)
   if not 0.0 <= fraction <= 1.0:  # also refuses NaN
     raise ValueError(f"attack.fraction must be in [0, 1], got {fraction}")
-  m = int(num_clients * fraction)
+  m = int(np.floor(num_clients * fraction + FRACTION_SLACK))
   if legacy_numpy:
     ids = np.random.RandomState(seed).choice(num_clients, m, replace=False)
   else:
