@@ -93,6 +93,7 @@ def test_attacks_raise_the_loss_of_a_fixed_model(trained_linear):
   assert acc(pgd(linear, params, x, y, jax.random.key(1), LinfParams(EPS, 2 / 255, 10))) <= acc(x)
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_batched_kernels_equal_a_per_example_loop(trained_linear):
   params, x, y = trained_linear
   x, y = x[:6], y[:6]
@@ -262,6 +263,7 @@ def dropout_cnn():
   return model, model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))["params"]
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_fedalc_without_calibration_is_fedavg_at_bit_for_bit(dropout_cnn):
   model, params = dropout_cnn
   a = _train(_objective("fedalc", calib_variant="none"), model, params)
@@ -282,6 +284,7 @@ def test_fat_fractions_bracket_clean_and_adversarial_training(dropout_cnn):
       np.testing.assert_allclose(u, v, atol=1e-7)
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_trades_with_zero_beta_is_clean_training_and_every_objective_trains():
   model = make_model(get_model("mlp", 10, hidden=(32,)))  # no dropout: the clean pass's key does not matter
   params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))["params"]

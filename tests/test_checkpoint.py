@@ -33,6 +33,7 @@ def fedcap_mr_config(rounds):
     lambda rounds: digits_config(rounds=rounds, eval_every=2, **{"engine.strategy": "shard_map"}),
     fedcap_mr_config,
 ], ids=["fedavg_partial", "fedavg_shard_map", "fedcap_mr_partial"])
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_extending_a_finished_run_equals_running_it_straight_through(tmp_path, make_config):
   straight = make_config(6)
   whole = run_experiment(straight, tmp_path / "straight")

@@ -21,6 +21,7 @@ def d_mal(data):
   return ClientData(jnp.asarray(data.x_global_test[:2]), jnp.array([2, 2], jnp.int32), jnp.int32(2))
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_backdoor_training_alternates_own_epochs_and_d_mal_passes():
   """E_mal x [one epoch on the client's data with its optimizer, one pass over D_mal with Adam(lr, wd)]: equal to
   the same steps written out with local_train."""
@@ -103,6 +104,7 @@ def test_an_attacker_holding_only_the_attack_data_is_weighted_by_its_size():
   assert make_fedavg(apply_fn, optax.sgd(0.1), SPEC, client_attack=backdoor_training()).malicious_weight is None
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_vmap_equals_sequential_with_a_client_attack():
   data, params, apply_fn = setup()
   mal = np.array([True, False, False, False])

@@ -218,6 +218,7 @@ def test_fedavg_ft_evaluates_finetuned_models():
   assert m1["client_acc"] != m2["client_acc"]  # but a different per-client model
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_fedavg_ft_last_local_scores_each_clients_last_trained_model():
   """FedCAP's FedAvg-FT: a client is scored with the model it trained in its last round; unsampled ones keep init."""
   data, params, apply_fn = setup()

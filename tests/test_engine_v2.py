@@ -262,6 +262,7 @@ def test_flare_features_are_each_client_models_penultimate_activations():
   assert out.get("round") == 0 and out.get("nothing", 5) == 5 and "features" in out.as_dict()
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_fltrust_server_data_as_round_argument_equals_closed_over_root_set():
   data = make_data(shape=(4, 4, 1))
   model = make_model(get_model("mlp", 3, hidden=(8,)))

@@ -139,6 +139,7 @@ def test_global_test_subset_scores_the_drawn_rows_only():
   assert whole.simulator.global_test[0].shape == x_all.shape
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_run_py_cli_with_overrides(tmp_path):
   out = subprocess.run(
       [sys.executable, str(REPO / "experiments" / "run.py"), "--config", str(REPO / "experiments/configs/quickstart.py"),
@@ -394,6 +395,7 @@ def _fedcap_tables_smoke(tmp_path, data_root, cache_dir, *args):
   return json.loads((tmp_path / "results.json").read_text()), (tmp_path / "table.md").read_text()
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_fedcap_tables_ablation_mode_runs_a_cell(tmp_path, shared_data, data_cache_dir):
   results, table = _fedcap_tables_smoke(tmp_path, shared_data("cifar10_jpeg"), data_cache_dir, "--mode", "ablation", "--variants", "v1", "--scenarios", "ipm")
   assert list(results) == ["v1__ipm"]
@@ -442,6 +444,7 @@ def test_fedcap_orphans_table_compares_the_same_benign_clients():
   assert cells[7] == "90 / 50" and cells[8] == "attacker"  # client 16, client 19
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_fedcap_tables_mode_records_detection(tmp_path, shared_data, data_cache_dir):
   """Table I/III cell under MR: FedCAP's value, both models, and the removal round of every attacker (spec §4.4).
 

@@ -369,6 +369,7 @@ def test_poisoned_requests_need_the_malicious_mask():
 # ----------------------------------------------------------------------------------------- engine
 @pytest.mark.parametrize("request_updates,cohort,request_attack", [(False, None, None), (True, 3, None),
                                                                     (True, 3, "min_max")])
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_vectorized_round_equals_sequential(request_updates, cohort, request_attack):
   data, params, apply_fn, _ = fedcap_parts()
   finals = []

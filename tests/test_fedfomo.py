@@ -88,6 +88,7 @@ def test_all_worse_keeps_the_old_model_and_helper_edge_cases():
 
 
 # ----------------------------------------------------------------------------------------- server side
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_top_o_selection_by_affinity_by_hand():
   p_row = jnp.array([0.5, 9.0, 2.0, 1.0, 3.0, 0.1])
   candidates = jnp.array([True, False, True, True, False, True])  # 1 = the client itself, 4 never uploaded

@@ -327,6 +327,7 @@ def test_round_t_trains_on_exactly_the_first_n_t_rows():
   assert (D.revealed_counts(data.n_train, data.train_schedule, 6) == data.n_train).all()
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 @pytest.mark.parametrize("strategy", ["shard_map", "sequential"])
 def test_schedule_strategies_and_scan_agree(strategy):
   data = toy_schedule_data(1)
@@ -377,6 +378,7 @@ def test_dynamics_run_resumes_from_a_checkpoint_at_the_right_round(tmp_path):
   assert len(part["info"]["dynamics"]["fresh_labels"]) == 3
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_dynamics_seeds_in_one_program_equal_separate_runs(tmp_path):
   c = digits_run_config(rounds=2, **DYN)
   c.seeds = "0,1"

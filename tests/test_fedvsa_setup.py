@@ -60,6 +60,7 @@ def test_attack_and_dynamics_variants():
       config("mnist", bad)
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_mnist_setting_builds_on_the_offline_data_with_fewer_clients():
   c = config("mnist", "sigma900")
   c.data.data_dir = str(REPO.parent / "shared" / "data")

@@ -248,6 +248,7 @@ def test_padded_steps_are_exact_noops_and_an_empty_client_changes_nothing(name):
       assert all(not np.asarray(leaf).any() for leaf in jax.tree.leaves(empty.upload[field]))
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 @pytest.mark.parametrize("name", ALGORITHMS)
 def test_vmap_rounds_equal_sequential(name):
   """Two rounds with a cohort of 3 of 4 clients (partial participation: client states are gathered/scattered)."""

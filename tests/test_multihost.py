@@ -67,6 +67,7 @@ def read_jsonl(path: Path) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_two_processes_equal_one(tmp_path):
   assert jax.device_count() == 4, "tests/conftest.py forces 4 host devices: the one-process run has as many as two"
   port = free_port()

@@ -55,6 +55,7 @@ def test_padding_rows_never_changes_a_client():
   assert p.x.shape == (2, 5, 4) and float(p.x[:, 3:].sum()) == 0 and p.n.tolist() == [3, 2]
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_make_run_equals_the_round_loop():
   """One program (lax.scan over rounds, evaluation inside) == run_round + evaluate called from Python."""
   exp = build_experiment(small_config())

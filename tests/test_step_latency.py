@@ -19,6 +19,7 @@ def sl():
   return load_module(_PATH)
 
 
+@pytest.mark.fast_compiles  # measured 2026-11-28: passes unoptimized, faster (tests/conftest.py)
 def test_formulations_agree_with_engine(sl):
   steps = 2
   s = sl.Setting(clients=2, batch=2, per_epoch=sl.per_epoch_for(steps, 225, 2), image=(32, 32, 3))
