@@ -245,7 +245,8 @@ def pool_seed_cells(cells: list[dict]) -> dict:
     if len(set(found)) > 1:
       raise ValueError(f"cells to pool differ in {field!r}: {sorted(set(found))}")
   order = sorted(range(len(cells)), key=lambda i: seeds[i])
-  per_seed = {str(seeds[i]): {k: v for k, v in cells[i].items() if k not in PROVENANCE_FIELDS} for i in order}
+  per_seed = {str(seeds[i]): {k: v for k, v in cells[i].items() if k not in PROVENANCE_FIELDS + ("rounds", "epochs")}
+              for i in order}  # rounds / epochs: equal (checked above), kept once on the cell
   cell = _over_seeds([seeds[i] for i in order], per_seed)
   first = cells[order[0]]
   cell.update({k: first[k] for k in ("protocol", "rounds", "epochs", "config") if k in first})

@@ -77,3 +77,8 @@ def test_load_pooled_takes_only_the_named_keys_of_a_file(tmp_path):
   assert list(cells) == ["a"] and cells["a"]["seeds"] == [0, 1] and cells["a"]["value"] == 86.0
   with pytest.raises(KeyError, match="no cell"):
     grid.load_pooled([f"{big}::a+c"])
+
+
+def test_a_pooled_cell_keeps_the_setting_once_not_as_a_statistic():
+  cell = grid.pool_seed_cells([_one_seed_cell(0, 84.0), _one_seed_cell(1, 88.0)])
+  assert (cell["rounds"], cell["epochs"]) == (100, 1) and "rounds_std" not in cell and "wall_s_std" not in cell
