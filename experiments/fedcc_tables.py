@@ -368,6 +368,8 @@ def fig5_figure(results: dict, path: Path) -> None:
     ax.set(title=f"{ATTACKS[attack]}, {DATASETS[dataset]}, non-IID (K = 10)", xlabel="malicious clients f (of 10)",
            ylabel="global test accuracy (%)", xticks=list(FIG5_ATTACKERS))
     ax.legend(fontsize=8)
+  cells = [c for _, _, _, row in rows for c in row if c]
+  fig.suptitle(_reduced_note({str(i): c for i, c in enumerate(cells)}).removeprefix("Cells ran with: "), fontsize=8)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=120)
