@@ -319,10 +319,10 @@ def fig5_checks(results: dict) -> list[tuple[str, bool | None, str]]:
     defenses = [r for r in ("median", "flare", "fedcc") if r in complete]
     if "median" in defenses and len(defenses) > 1:
       drops = {r: rules[r][0]["value"] - rules[r][-1]["value"] for r in defenses}
-      checks.append((f"Coomed falls the most from f = 1 to 4 ({where})", max(drops, key=drops.get) == "median",
+      checks.append((f"Coomed falls the most of the defenses from f = 1 to 4 ({where})", max(drops, key=drops.get) == "median",
                      "drops: " + ", ".join(f"{RULES[r]} {d:.2f}" for r, d in drops.items())))
     else:
-      checks.append((f"Coomed falls the most from f = 1 to 4 ({where})", None,
+      checks.append((f"Coomed falls the most of the defenses from f = 1 to 4 ({where})", None,
                      "needs Coomed and another defense at every f"))
   return checks
 
