@@ -192,12 +192,16 @@ def method_variant(method: str) -> tuple[str, dict]:
   return method, {}
 
 
+def own_value(dataset: str, field: str) -> float:
+  """The setting's τ (``field="tau"``) or β (``"beta"``) for ``dataset`` (spec §1.2)."""
+  _, _, tau, beta, _, _ = setting().DATASETS[dataset]
+  return float(tau if field == "tau" else beta)
+
+
 def sweep_method(dataset: str, field: str, value: float) -> str:
   """The cell method of a Fig. 5 (``tau``) / Fig. 6 (``beta``) sweep point: the dataset's own value is the plain
   ``fedcac`` cell (Table 2's at α = 0.1), any other ``fedcac_<field><value>``."""
-  _, _, tau, beta, _, _ = setting().DATASETS[dataset]
-  own = tau if field == "tau" else beta
-  return "fedcac" if float(value) == float(own) else f"fedcac_{field}{value:g}"
+  return "fedcac" if float(value) == own_value(dataset, field) else f"fedcac_{field}{value:g}"
 
 
 def cell_config(dataset: str, partition: str, method: str, args, seed: int | None = None):
@@ -535,26 +539,22 @@ def fig3_claims(results: dict, dataset: str) -> list[tuple[str, bool | None, str
   return [(claim, v[0] > v[1] > v[2], " / ".join(f"{x:.2f}" for x in v))]
 
 
-def _sweep(results: dict, dataset: str, field: str, values) -> list[tuple[float, dict]]:
+def _sweep(results: dict, dataset: str, field: str) -> list[tuple[float, dict]]:
+  """``(value, cell)`` of every swept value of ``field`` with a stored cell, in increasing order: each
+  ``fedcac_<field><v>`` key, and the setting's own value when the plain ``fedcac`` cell is stored."""
   part = partition_name(FIG_ALPHA)
-  found = [(v, lookup(results, dataset, part, sweep_method(dataset, field, v))) for v in values]
-  return [(v, c) for v, c in found if c]
-
-
-def _sweep_values(results: dict, dataset: str, field: str) -> list[float]:
-  """Every swept value of ``field`` with a stored cell (the defaults and any other ``fedcac_<field><v>`` key)."""
-  prefix = f"{dataset}__{partition_name(FIG_ALPHA)}__fedcac_{field}"
+  prefix = f"{dataset}__{part}__fedcac_{field}"
   values = {float(k[len(prefix):].split("__")[0]) for k in results if k.startswith(prefix)}
-  _, _, tau, beta, _, _ = setting().DATASETS[dataset]
-  if lookup(results, dataset, partition_name(FIG_ALPHA), "fedcac"):
-    values.add(float(tau if field == "tau" else beta))
-  return sorted(values)
+  if lookup(results, dataset, part, "fedcac"):
+    values.add(own_value(dataset, field))
+  found = [(v, lookup(results, dataset, part, sweep_method(dataset, field, v))) for v in sorted(values)]
+  return [(v, c) for v, c in found if c]
 
 
 def sweep_claims(results: dict, dataset: str, field: str) -> list[tuple[str, bool | None, str]]:
   """Figs. 5 / 6 (spec §4): the best-round accuracy peaks inside the swept range, lower at both ends (τ: near 0.5;
   β: "low for small β, decreases again for too large β")."""
-  points = _sweep(results, dataset, field, _sweep_values(results, dataset, field))
+  points = _sweep(results, dataset, field)
   symbol = "τ" if field == "tau" else "β"
   claim = f"accuracy peaks inside the {symbol} range, lower at both ends ({DATASETS[dataset]})"
   if len(points) < 3:
@@ -597,11 +597,12 @@ def _sweep_table(results: dict, field: str, title: str) -> str:
   lines = [f"**{title}** (best-round accuracy %)", "", f"| Dataset | {symbol} | ours |", "|---|---|---|"]
   checks, present = [], []
   for d in DATASETS:
-    for v, cell in _sweep(results, d, field, _sweep_values(results, d, field)):
-      own = sweep_method(d, field, v) == "fedcac"
+    points = _sweep(results, d, field)
+    for v, cell in points:
+      own = v == own_value(d, field)
       lines.append(f"| {DATASETS[d]} | {v:g}{' (the setting’s)' if own else ''} | {ours(cell)} |")
       present.append(cell)
-    if _sweep_values(results, d, field):
+    if points:
       checks += sweep_claims(results, d, field)
   if not present:
     return f"(no {title.split(' —')[0]} cell in these results)\n"
@@ -618,18 +619,12 @@ def fig6(results: dict) -> str:
 
 
 def _axes(n: int):
+  """A figure of ``n`` panels side by side and their axes."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.3), squeeze=False)
-  return plt, fig, axes[0]
-
-
-def _save(fig, path: Path) -> None:
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  fig.savefig(path.with_suffix(".svg"))
+  return fig, axes[0]
 
 
 def fig3_figure(results: dict, path: Path) -> None:
@@ -637,36 +632,35 @@ def fig3_figure(results: dict, path: Path) -> None:
   datasets = [d for d in DATASETS if fig3_cells(results, d)]
   if not datasets:
     raise ValueError("no Fig. 3 cell (fedcac_local_<selection>) in these results")
-  plt, fig, axes = _axes(len(datasets))
+  fig, axes = _axes(len(datasets))
   for ax, d in zip(axes, datasets):
-    for i, (s, cell) in enumerate(fig3_cells(results, d).items()):
+    for s, cell in fig3_cells(results, d).items():
       curve = _mean_curve(cell)
       if curve:
         ax.plot(*curve, label=FIG3_SELECTIONS[s], color=f"C{list(FIG3_SELECTIONS).index(s)}")
     ax.set(title=f"{DATASETS[d]}, pathological, τ = {FIG3_TAU}, critical local", xlabel="round",
            ylabel="mean client accuracy after aggregation (%)")
     ax.legend(fontsize=8)
-  _save(fig, path)
+  grid.save_figure(fig, path)
 
 
 def _sweep_figure(results: dict, path: Path, field: str) -> None:
   symbol = "τ" if field == "tau" else "β"
-  datasets = [d for d in DATASETS if _sweep(results, d, field, _sweep_values(results, d, field))]
+  datasets = [d for d in DATASETS if _sweep(results, d, field)]
   if not datasets:
     raise ValueError(f"no {symbol} sweep cell in these results")
-  plt, fig, axes = _axes(len(datasets))
+  fig, axes = _axes(len(datasets))
   for ax, d in zip(axes, datasets):
-    points = _sweep(results, d, field, _sweep_values(results, d, field))
+    points = _sweep(results, d, field)
     xs = [v for v, _ in points]
     ax.errorbar(xs, [c["value"] for _, c in points], yerr=[c.get("value_std", 0.0) for _, c in points], marker="o",
                 capsize=3, label="FedCAC (ours)")
-    _, _, tau, beta, _, _ = setting().DATASETS[d]
-    ax.axvline(tau if field == "tau" else beta, color="gray", ls=":", lw=1,
-               label=f"the paper's choice ({symbol} = {tau if field == 'tau' else beta:g})")
+    ax.axvline(own_value(d, field), color="gray", ls=":", lw=1,
+               label=f"the paper's choice ({symbol} = {own_value(d, field):g})")
     ax.set(title=f"{DATASETS[d]}, Dirichlet α = {FIG_ALPHA}", xlabel=symbol,
            ylabel="best-round mean client accuracy (%)")
     ax.legend(fontsize=8)
-  _save(fig, path)
+  grid.save_figure(fig, path)
 
 
 def fig5_figure(results: dict, path: Path) -> None:

@@ -273,10 +273,7 @@ def fig4_figure(results: dict, path: Path) -> None:
     ax.set(title=f"{DATASETS[dataset]}, {DISTS[dist]}: targeted backdoor (f = 1, boosted)", xlabel="round",
            ylabel="backdoor confidence (target-class softmax on D_mal)", ylim=(0, 1))
     ax.legend(fontsize=8)
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  fig.savefig(path.with_suffix(".svg"))
+  grid.save_figure(fig, path)
 
 
 def fig5_variant(f: int) -> str:
@@ -319,7 +316,8 @@ def fig5_checks(results: dict) -> list[tuple[str, bool | None, str]]:
     defenses = [r for r in ("median", "flare", "fedcc") if r in complete]
     if "median" in defenses and len(defenses) > 1:
       drops = {r: rules[r][0]["value"] - rules[r][-1]["value"] for r in defenses}
-      checks.append((f"Coomed falls the most of the defenses from f = 1 to 4 ({where})", max(drops, key=drops.get) == "median",
+      checks.append((f"Coomed falls the most of the defenses from f = 1 to 4 ({where})",
+                     max(drops, key=drops.get) == "median",
                      "drops: " + ", ".join(f"{RULES[r]} {d:.2f}" for r, d in drops.items())))
     else:
       checks.append((f"Coomed falls the most of the defenses from f = 1 to 4 ({where})", None,
@@ -370,10 +368,7 @@ def fig5_figure(results: dict, path: Path) -> None:
     ax.legend(fontsize=8)
   cells = [c for _, _, _, row in rows for c in row if c]
   fig.suptitle(_reduced_note({str(i): c for i, c in enumerate(cells)}).removeprefix("Cells ran with: "), fontsize=8)
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  fig.savefig(path.with_suffix(".svg"))
+  grid.save_figure(fig, path)
 
 
 TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5, "fig4": fig4,

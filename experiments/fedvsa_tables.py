@@ -383,10 +383,7 @@ def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
            xlabel="round (after the warm start)", ylabel="global test accuracy (%)", ylim=(0, 100),
            xlim=(1, horizon))
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15))
-  fig.tight_layout()
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  fig.savefig(path.with_suffix(".svg"))
+  grid.save_figure(fig, path)
 
 
 def _acc(cell) -> str:

@@ -180,6 +180,15 @@ def provenance() -> dict:
           "device_kind": getattr(jax.devices()[0], "device_kind", None), "jax": jax.__version__}
 
 
+def save_figure(fig, path) -> None:
+  """A table script's figure as ``path`` (PNG, 120 dpi) and the same name with ``.svg``, its folder made."""
+  path = Path(path)
+  fig.tight_layout()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  fig.savefig(path.with_suffix(".svg"))
+
+
 def store_json(path, result: dict, indent: int = 1) -> None:
   """Write a stored result (a benchmark's, a table's) as JSON at ``path``, making its folder; values JSON cannot
   say (a dtype, a device) are written as their ``str``."""

@@ -153,7 +153,8 @@ def test_fig5_table_checks_the_papers_two_claims_by_hand(tmp_path):
   assert "Fang-Krum" not in text.split("The paper's")[0]  # a Table III cell alone (f = 3) is no Fig. 5 curve
   # Coomed beats FedCC at f = 1 only; it drops 21 points, FedCC 3.
   assert "- FedCC highest at every f (Fang-Med, CIFAR10): NOT met (best at f = 2, 3, 4)." in text
-  assert "- Coomed falls the most of the defenses from f = 1 to 4 (Fang-Med, CIFAR10): met (drops: Coomed 21.00, FedCC 3.00)." in text
+  assert ("- Coomed falls the most of the defenses from f = 1 to 4 (Fang-Med, CIFAR10): met (drops: Coomed 21.00, "
+          "FedCC 3.00).") in text
   assert "15 rounds x E = 2" in text
   t.fig5_figure(results, tmp_path / "fig5.png")
   assert (tmp_path / "fig5.png").stat().st_size > 0 and (tmp_path / "fig5.svg").exists()
