@@ -42,10 +42,13 @@ def _assert_same_run(got: dict, want: dict, rows: int):
       assert abs(got[key] - want[key]) <= 1.0 / rows + 1e-9, (key, got[key], want[key])
 
 
-def test_folded_conv_seeds_program_with_adversarial_training_gives_the_canonical_numbers(tmp_path):
+def test_folded_conv_seeds_program_with_adversarial_training_gives_the_canonical_numbers(tmp_path, monkeypatch):
   """Two seeds in one program (the clients' vmap nested in the seeds' vmap, the folded rule batched again) of a
-  BatchNorm CNN trained on FedALC's per-step PGD examples and scored under FGSM and PGD."""
-  extra = {"seeds": "0,1", "adversarial.objective": "fedalc", "adversarial.steps": 2,
+  BatchNorm CNN trained on FedALC's per-step PGD examples and scored under FGSM and PGD. Local steps and attack
+  loops rolled, as on a GPU (the CPU's auto unrolls them for a folded conv net: a program that took 24-70 s to
+  compile here, depending on XLA:CPU's flags)."""
+  monkeypatch.setenv("FEDJAX_ROBUST_ATTACK_UNROLL", "false")  # training and evaluation attack loops
+  extra = {"seeds": "0,1", "engine.unroll": "false", "adversarial.objective": "fedalc", "adversarial.steps": 2,
            "eval.metrics": "accuracy,robust", "eval.robust.attacks": "fgsm,pgd", "eval.robust.steps": 2,
            "eval.robust.examples": 32}
   finals = {}

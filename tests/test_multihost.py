@@ -20,6 +20,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from conftest import xla_flags_with_devices
 
 from fedjax_robust.config_files import load_module
 
@@ -38,7 +39,7 @@ def free_port() -> int:
 
 
 def child_env(devices: int = 2) -> dict:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices), JAX_PLATFORMS="cpu")
   env.pop("JAX_NUM_CPU_DEVICES", None)
   return env
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import xla_flags_with_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -158,7 +159,7 @@ def test_notebook_runs(path, tmp_path, monkeypatch, data_cache_dir, shared_data)
   monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter" / "runtime"))  # connection files
   monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")  # jupyter_core's future default, without its warning
   env = dict(os.environ,
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={small['devices']}",
+             XLA_FLAGS=xla_flags_with_devices(small["devices"]),
              JAX_PLATFORMS="cpu",
              FEDJAX_ROBUST_CACHE=str(data_cache_dir),  # decoded datasets shared with the other tests
              PYDEVD_DISABLE_FILE_VALIDATION="1")  # no debugger warning about frozen modules
