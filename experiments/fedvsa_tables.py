@@ -27,7 +27,6 @@ shown as "—"; a run shorter than the paper's 1,000 rounds is stated under the 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
