@@ -15,6 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from fedjax_robust import flat_random
 from fedjax_robust.aggregators import (AGGREGATORS, AggregateResult, Aggregator, aggregator_from_config,
                                        make_aggregator, sanitize, weighted_mean)
 
@@ -155,7 +156,7 @@ def test_coordinate_rules_match_numpy_on_large_tied_inputs():
   close(r.update, np.sort(x, axis=0)[2:5].mean(0))
   close(jnp.sum(r.weights), 1.0)
   # Bulyan's coordinate stage against a numpy reference on continuous data
-  y = np.asarray(jax.random.normal(jax.random.PRNGKey(12), (7, 9000)))
+  y = np.asarray(flat_random.normal(jax.random.PRNGKey(12), (7, 9000)))
   r = run("bulyan", jnp.asarray(y), num_byzantine=1)
   sel = y[np.asarray(r.diagnostics["selected"])]
   med = np.median(sel, axis=0)
@@ -200,7 +201,7 @@ def test_multi_krum_by_hand():
 
 
 def test_krum_fedcc_distance_matches_reference():
-  x = np.array(jax.random.normal(jax.random.PRNGKey(3), (7, 5)))
+  x = np.array(flat_random.normal(jax.random.PRNGKey(3), (7, 5)))
   x[6] += 4.0
   d = np.sqrt(np.sum((x[:, None] - x[None]) ** 4, axis=-1))  # ||(w_i - w_j)^2||_2
   k = 7 - 1 - 2
@@ -231,7 +232,7 @@ def test_bulyan_by_hand():
 
 def test_bulyan_coordinate_stage_and_f0():
   # f = 0: theta = beta = n -> plain mean
-  u = jax.random.normal(jax.random.PRNGKey(1), (5, 3))
+  u = flat_random.normal(jax.random.PRNGKey(1), (5, 3))
   close(run("bulyan", u, num_byzantine=0).update, jnp.mean(u, 0))
   # 2-D, f = 1: the far point (100, 100) and (-40, 3) are dropped by Krum; the coordinate stage
   # then averages, per coordinate, the 3 values closest to the median of the 5 selected.
@@ -274,7 +275,7 @@ def test_rfa_symmetric_configuration_and_far_outlier():
 
 
 def test_rfa_per_layer_flag_runs_each_leaf_alone():
-  u = {"a": col([0.0, 100.0, 1.0, 10.0, 2.0]), "b": jax.random.normal(jax.random.PRNGKey(2), (5, 3))}
+  u = {"a": col([0.0, 100.0, 1.0, 10.0, 2.0]), "b": flat_random.normal(jax.random.PRNGKey(2), (5, 3))}
   per_layer = run("rfa", u, per_layer=True, max_iter=500, tol=0.0)
   close(per_layer.update["a"], run("rfa", u["a"], max_iter=500, tol=0.0).update, atol=1e-4)
   close(per_layer.update["b"], run("rfa", u["b"], max_iter=500, tol=0.0).update, atol=1e-4)
@@ -360,7 +361,7 @@ def test_flare_by_hand():
   # k = floor(0.5 * 5) = 2 nearest others: 0->{1,2} 1->{0,2} 2->{1,3} 3->{2,1} 100->{3,2}
   # counts 1, 3, 4, 2, 0; mean 2; tau = softmax(counts / 2)
   feats = jnp.array([[0.0], [1.0], [2.0], [3.0], [100.0]])
-  u = jax.random.normal(jax.random.PRNGKey(4), (5, 3))
+  u = flat_random.normal(jax.random.PRNGKey(4), (5, 3))
   r = run("flare", u, context={"features": feats}, gamma=1e-5)
   close(r.diagnostics["counts"], [1, 3, 4, 2, 0])
   tau = np.exp(np.array([0.5, 1.5, 2.0, 1.0, 0.0]))
@@ -368,7 +369,7 @@ def test_flare_by_hand():
   close(r.weights, tau)
   close(r.update, np.asarray(u).T @ tau)
   # sets of PLRs [C, m, d] with the unbiased MMD: the shifted client is named least
-  sets = jax.random.normal(jax.random.PRNGKey(5), (6, 8, 4)).at[5].add(5.0)
+  sets = flat_random.normal(jax.random.PRNGKey(5), (6, 8, 4)).at[5].add(5.0)
   r = run("flare", u[:1].repeat(6, 0) + jnp.arange(6.0)[:, None], context={"features": sets})
   assert int(jnp.argmin(r.diagnostics["counts"])) == 5
   with pytest.raises(ValueError, match="features"):
@@ -379,7 +380,7 @@ def test_flare_by_hand():
 
 
 def test_bucketing_s1_is_the_inner_rule():
-  u = jax.random.normal(jax.random.PRNGKey(6), (7, 3))
+  u = flat_random.normal(jax.random.PRNGKey(6), (7, 3))
   for inner in ({"name": "krum", "num_byzantine": 1}, {"name": "median"}):
     a = run("bucketing", u, s=1, inner=inner)
     b = jax.jit(aggregator_from_config(inner).aggregate)(u, None, None, KEY, None)
@@ -388,7 +389,7 @@ def test_bucketing_s1_is_the_inner_rule():
 
 
 def test_bucketing_s2_by_reconstruction():
-  u = jax.random.normal(jax.random.PRNGKey(7), (7, 2))
+  u = flat_random.normal(jax.random.PRNGKey(7), (7, 2))
   r = run("bucketing", u, s=2, inner={"name": "median"})
   bucket = np.asarray(r.diagnostics["bucket"])
   assert sorted(np.bincount(bucket).tolist()) == [1, 2, 2, 2]  # 7 clients -> buckets of 2, 2, 2, 1
@@ -426,7 +427,7 @@ def test_gas_by_hand():
 
 
 def test_gas_chunks_a_pytree_with_padding_and_passes_the_reference():
-  u = {"w": jax.random.normal(jax.random.PRNGKey(8), (6, 3, 2)), "b": jnp.ones((6, 1))}
+  u = {"w": flat_random.normal(jax.random.PRNGKey(8), (6, 3, 2)), "b": jnp.ones((6, 1))}
   ref = {"w": jnp.ones((3, 2)), "b": jnp.ones((1,))}
   r = run("gas", u, p=3, num_byzantine=1, inner="fltrust", context={"reference_update": ref})  # d = 7, pad 2
   assert jax.tree.structure(r.update) == jax.tree.structure(ref)
@@ -464,13 +465,13 @@ def test_rules_table_covers_the_registry():
 
 def _tree(c, seed=0):
   k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-  return {"w": jax.random.normal(k1, (c, 2, 3)) + 0.5, "b": jax.random.normal(k2, (c, 2))}
+  return {"w": flat_random.normal(k1, (c, 2, 3)) + 0.5, "b": flat_random.normal(k2, (c, 2))}
 
 
 def _context(c, seed=0):
   ref = jax.tree.map(lambda x: jnp.mean(x, 0), _tree(c, seed))
-  return {"reference_update": ref, "features": jax.random.normal(jax.random.PRNGKey(seed + 9), (c, 4)),
-          "global_params": ref, "server_losses": jax.random.uniform(jax.random.PRNGKey(seed + 7), (c,)),
+  return {"reference_update": ref, "features": flat_random.normal(jax.random.PRNGKey(seed + 9), (c, 4)),
+          "global_params": ref, "server_losses": flat_random.uniform(jax.random.PRNGKey(seed + 7), (c,)),
           "global_server_loss": jnp.float32(0.5)}
 
 
@@ -601,7 +602,7 @@ def test_config_round_trip():
   cfg = ml_collections.ConfigDict({"name": "bucketing", "s": 2, "inner": {"name": "krum", "num_byzantine": 1}})
   agg = aggregator_from_config(cfg, num_clients=10)
   assert isinstance(agg, Aggregator) and agg.name == "bucketing(krum)"
-  r = jax.jit(agg.aggregate)(jax.random.normal(KEY, (10, 3)), None, None, KEY, None)
+  r = jax.jit(agg.aggregate)(flat_random.normal(KEY, (10, 3)), None, None, KEY, None)
   assert int(jnp.sum(r.weights > 0)) == 2  # Krum picks one bucket of 2
   with pytest.raises(ValueError, match="2f \\+ 2"):  # 8 clients -> 4 buckets <= 2f + 2
     aggregator_from_config(cfg, num_clients=8)

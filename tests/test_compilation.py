@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_robust import compilation
+from fedjax_robust import compilation, flat_random
 
 
 def _conv_loss(x, w):
@@ -29,8 +29,8 @@ def test_cpu_default_moves_convolutions_out_of_ynnpack_and_keeps_the_numbers(mon
   assert jax.default_backend() == "cpu"
   options = compilation.compiler_options()
   assert options is not None, "this jaxlib refused the option: see the warning logged by compilation._supported"
-  x = jax.random.normal(jax.random.key(0), (10, 32, 32, 3))  # FedAvgCNN conv1 at B = 10
-  w = 0.1 * jax.random.normal(jax.random.key(1), (5, 5, 3, 32))
+  x = flat_random.normal(jax.random.key(0), (10, 32, 32, 3))  # FedAvgCNN conv1 at B = 10
+  w = 0.1 * flat_random.normal(jax.random.key(1), (5, 5, 3, 32))
   grad = jax.value_and_grad(_conv_loss, argnums=(0, 1))
   ours = compilation.jit(grad).lower(x, w).compile()
   xla_default = jax.jit(grad).lower(x, w).compile()
@@ -89,8 +89,8 @@ def test_full_unroll_of_one_step_is_a_plain_call_not_a_loop():
   """JAX turns ``unroll=True`` on a length-1 scan into a rolled one-trip while loop, whose gradient convolutions
   XLA:CPU leaves on its slow path (one ResNet-8 step 7x slower); ``compilation.scan`` / ``fori_loop`` call the
   body instead, with the same numbers, and leave every other case to JAX."""
-  x = jax.random.normal(jax.random.key(0), (1, 4, 8, 8, 3))
-  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  x = flat_random.normal(jax.random.key(0), (1, 4, 8, 8, 3))
+  w = 0.1 * flat_random.normal(jax.random.key(1), (3, 3, 3, 4))
   ours = lambda w, x: compilation.scan(_grad_step, w, x, unroll=True)
   jaxs = lambda w, x: jax.lax.scan(_grad_step, w, x, unroll=True)
   assert _off_eigen_convolutions(jaxs, w, x), "JAX now unrolls a one-step scan itself: compilation.scan can go"
@@ -99,7 +99,7 @@ def test_full_unroll_of_one_step_is_a_plain_call_not_a_loop():
     assert a.shape == b.shape
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
   # Longer scans and rolled ones are JAX's own.
-  x3 = jax.random.normal(jax.random.key(2), (3, 4, 8, 8, 3))
+  x3 = flat_random.normal(jax.random.key(2), (3, 4, 8, 8, 3))
   assert not _off_eigen_convolutions(lambda w, x: compilation.scan(_grad_step, w, x, unroll=True), w, x3)
   assert _off_eigen_convolutions(lambda w, x: compilation.scan(_grad_step, w, x, unroll=1), w, x3)
   np.testing.assert_allclose(np.asarray(compilation.scan(_grad_step, w, x3, unroll=True)[0]),
@@ -116,8 +116,8 @@ def test_one_step_local_training_of_a_conv_net_keeps_its_convolutions_on_eigen()
   D_mal pass) unrolled on the CPU: every convolution in the layout XLA:CPU hands to Eigen, same numbers."""
   import optax
   from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
-  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
-  data = ClientData(jax.random.normal(jax.random.key(0), (8, 8, 8, 3)), jnp.zeros(8, jnp.int32), jnp.int32(8))
+  w = 0.1 * flat_random.normal(jax.random.key(1), (3, 3, 3, 4))
+  data = ClientData(flat_random.normal(jax.random.key(0), (8, 8, 8, 3)), jnp.zeros(8, jnp.int32), jnp.int32(8))
   loss = lambda p, batch: (_conv_loss(batch.x, p), batch.model_state)
   opt = optax.sgd(0.1)
   train = lambda p, unroll: local_train(loss, opt, p, opt.init(p), data, jax.random.key(2),
@@ -132,8 +132,8 @@ def test_canonical_conv_keeps_a_rolled_loops_gradient_convolutions_on_eigen():
   gradient convolutions in Eigen's order itself, so a ROLLED scan of SGD steps compiles with no convolution off
   Eigen (the ``xla`` form leaves two of them off) and gives the same parameters as JAX's unrolled gradient."""
   from fedjax_robust.models.layers import conv_canonical
-  x = jax.random.normal(jax.random.key(0), (3, 4, 8, 8, 3))
-  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  x = flat_random.normal(jax.random.key(0), (3, 4, 8, 8, 3))
+  w = 0.1 * flat_random.normal(jax.random.key(1), (3, 3, 3, 4))
   canonical_loss = lambda x, w: jnp.sum(jnp.tanh(conv_canonical(x, w, (1, 1), "VALID")) ** 2)
   canonical_step = lambda w, x: (w - 0.1 * jax.grad(canonical_loss, argnums=1)(x, w), None)
   rolled = lambda w, x: jax.lax.scan(canonical_step, w, x)[0]
@@ -152,14 +152,14 @@ def test_has_conv_keys_on_four_dimensional_parameters():
 def test_map_of_one_element_is_a_plain_call_and_equals_lax_map():
   """Robust evaluation attacks its rows batch by batch with ``compilation.map``: one batch (the reduced runs'
   500 rows) must not be a one-trip loop whose gradient convolutions leave Eigen."""
-  w = 0.1 * jax.random.normal(jax.random.key(1), (3, 3, 3, 4))
+  w = 0.1 * flat_random.normal(jax.random.key(1), (3, 3, 3, 4))
   f = lambda x: _grad_step(w, x)
   for n in (1, 3):
-    xs = jax.random.normal(jax.random.key(n), (n, 4, 8, 8, 3))
+    xs = flat_random.normal(jax.random.key(n), (n, 4, 8, 8, 3))
     for a, b in zip(jax.tree.leaves(compilation.map(f, xs)), jax.tree.leaves(jax.lax.map(f, xs))):
       assert a.shape == b.shape
       np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-  x1 = jax.random.normal(jax.random.key(1), (1, 4, 8, 8, 3))
+  x1 = flat_random.normal(jax.random.key(1), (1, 4, 8, 8, 3))
   assert _off_eigen_convolutions(lambda x: jax.lax.map(f, x), x1)
   assert not _off_eigen_convolutions(lambda x: compilation.map(f, x), x1)
 
@@ -167,11 +167,11 @@ def test_map_of_one_element_is_a_plain_call_and_equals_lax_map():
 def test_attack_loops_unroll_on_cpu_for_conv_nets_only_and_keep_their_numbers(monkeypatch):
   from fedjax_robust.adversarial import attacks
   assert attacks.attack_unroll(conv=True) is True and attacks.attack_unroll(conv=False) == 1
-  params = {"w": 0.3 * jax.random.normal(jax.random.key(1), (3, 3, 1, 4)), "d": jax.random.normal(jax.random.key(2),
+  params = {"w": 0.3 * flat_random.normal(jax.random.key(1), (3, 3, 1, 4)), "d": flat_random.normal(jax.random.key(2),
                                                                                                       (144, 3))}
   logits = lambda p, x: jnp.tanh(jax.lax.conv_general_dilated(
       x, p["w"], (1, 1), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC"))).reshape(x.shape[0], -1) @ p["d"]
-  x = jax.random.uniform(jax.random.key(3), (6, 8, 8, 1))
+  x = flat_random.uniform(jax.random.key(3), (6, 8, 8, 1))
   y = jnp.arange(6) % 3
   run = lambda: (attacks.pgd(logits, params, x, y, jax.random.key(4), attacks.LinfParams(0.1, 0.02, 3)),
                  attacks.cw_l2(logits, params, x, y, None, attacks.CWParams(c=5.0, steps=10, lr=0.05)))

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_robust import flat_random
 from fedjax_robust.aggregators import make_aggregator
 from fedjax_robust.algorithms.fedavg import classification_loss, make_fedavg
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
@@ -42,7 +43,7 @@ def client_data(data, k, tight=False):
 # ------------------------------------------------------------------------------------------ 1. model interface
 def test_batchnorm_training_statistics_ignore_padded_rows():
   _, model, v = bn_setup()
-  x = jax.random.normal(jax.random.key(2), (6, 4, 4, 2))
+  x = flat_random.normal(jax.random.key(2), (6, 4, 4, 2))
   mask = jnp.array([True] * 4 + [False] * 2)
   logits, state = model.apply(v, x, train=True, mask=mask)
   logits2, state2 = model.apply(v, x.at[4:].set(1e3), train=True, mask=mask)
@@ -122,7 +123,7 @@ def test_torch_batchnorm_running_statistics_by_hand():
   no real row changes nothing; evaluation uses the running statistics."""
   from fedjax_robust.models.layers import TorchBatchNorm
   bn = TorchBatchNorm(momentum=0.9, epsilon=1e-5)
-  x = np.asarray(jax.random.normal(jax.random.key(0), (4, 2, 2, 3)), np.float64) * 2.0 + 1.0
+  x = np.asarray(flat_random.normal(jax.random.key(0), (4, 2, 2, 3)), np.float64) * 2.0 + 1.0
   mask = np.array([True, True, True, False])  # one flag per row
   v = bn.init(jax.random.key(1), jnp.zeros((1, 2, 2, 3)))
   assert jax.tree.map(np.shape, v) == {"params": {"scale": (3,), "bias": (3,)},
@@ -190,7 +191,7 @@ def test_batch_transform_sees_current_model_and_a_per_step_key():
     def loss(xx):
       logits = model.apply(variables, xx)[0]  # eval mode, spec A8
       return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, y) * mask)
-    return x + eps * jnp.sign(jax.grad(loss)(x)) + 0.01 * jax.random.normal(key, x.shape)
+    return x + eps * jnp.sign(jax.grad(loss)(x)) + 0.01 * flat_random.normal(key, x.shape)
 
   spec = LocalTrainSpec(epochs=2, batch_size=4, shuffle=False)
   opt = optax.sgd(0.1)
@@ -250,8 +251,8 @@ def test_flare_features_are_each_client_models_penultimate_activations():
   from fedjax_robust.round_context import compute_needs
   model = make_model(get_model("mlp", 3, hidden=(5,)))
   gp = model.init(jax.random.key(0), jnp.zeros((1, 4)))["params"]
-  deltas = jax.tree.map(lambda a: jax.random.normal(jax.random.key(1), (3,) + a.shape), gp)
-  server = ClientData(jax.random.normal(jax.random.key(2), (7, 4)), jnp.zeros((7,), jnp.int32), jnp.int32(7))
+  deltas = jax.tree.map(lambda a: flat_random.normal(jax.random.key(1), (3,) + a.shape), gp)
+  server = ClientData(flat_random.normal(jax.random.key(2), (7, 4)), jnp.zeros((7,), jnp.int32), jnp.int32(7))
   ctx = RoundContext(jnp.int32(0), jnp.arange(3), jnp.zeros(3, bool), jnp.ones(3), gp, server)
   out = compute_needs(("features", "penultimate_weights"), ctx, deltas,
                       features_fn=lambda p, x: model.features({"params": p}, x), penultimate="fc1")
@@ -301,7 +302,7 @@ def test_attacks_may_poison_several_upload_fields():
 def test_score_models_equals_a_loop_over_models():
   model = make_model(get_model("mlp", 3, hidden=(6,)))
   stacked = jax.vmap(lambda k: model.init(k, jnp.zeros((1, 5)))["params"])(jax.random.split(jax.random.key(0), 5))
-  x = jax.random.normal(jax.random.key(1), (23, 5))
+  x = flat_random.normal(jax.random.key(1), (23, 5))
   y = jax.random.randint(jax.random.key(2), (23,), 0, 3)
   scores = score_models(model.logits, stacked, x, y, 20, batch_size=8, model_chunk=2)
   for i in range(5):

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_robust import attacks
+from fedjax_robust import attacks, flat_random
 from fedjax_robust.aggregators import make_aggregator
 from fedjax_robust.attacks import fang
 from fedjax_robust.round_context import RoundContext
@@ -208,7 +208,7 @@ def test_fang_med_ranges_per_coordinate_and_sign():
   for k in (0, 1):
     assert np.all((sent[k] >= MED_LO - 1e-6) & (sent[k] <= MED_HI + 1e-6)), sent[k]
   # exactly the affine-uniform rule with the attacker's own u ~ U(0, 1) per coordinate
-  r = np.asarray(jax.random.uniform(KEY, (5, 4), jnp.float32), np.float64)
+  r = np.asarray(flat_random.uniform(KEY, (5, 4), jnp.float32), np.float64)
   w_max, w_min = MED_BENIGN.max(0), MED_BENIGN.min(0)
   expected = np.array([w_max[0] + r[:, 0] * (2 * w_max[0] - w_max[0]),  # [w_max, b w_max]
                        w_max[1] + r[:, 1] * (w_max[1] / 2 - w_max[1]),  # [w_max, w_max / b]
@@ -240,7 +240,7 @@ def test_fang_med_code_compat():
   #   sent = [w_G > 0] * (w_max + u (max_far - w_max) + min_far + u (w_min - min_far)), 0 elsewhere
   u, mal, ctx = _med_cohort()
   sent = apply(attacks.make_attack("fang_median", fang_med_compat=True), u, mal, ctx) + MED_WG
-  r = np.asarray(jax.random.uniform(KEY, (5, 4), jnp.float32), np.float64)[:2]
+  r = np.asarray(flat_random.uniform(KEY, (5, 4), jnp.float32), np.float64)[:2]
   w_max, w_min = MED_BENIGN.max(0), MED_BENIGN.min(0)
   max_far = np.where(w_max > 0, 2 * w_max, w_max / 2)
   min_far = np.where(w_min > 0, w_min / 2, 2 * w_min)
@@ -350,7 +350,7 @@ def test_bulyan_code_compat(f, theta, beta):
 
 
 def test_bulyan_default_stays_standard():
-  x = jax.random.normal(jax.random.PRNGKey(2), (10, 3))
+  x = flat_random.normal(jax.random.PRNGKey(2), (10, 3))
   close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   close(make_aggregator("bulyan", num_byzantine=0).aggregate({"w": x}).update["w"], jnp.mean(x, 0))  # f=0: FedAvg
   r = make_aggregator("bulyan", num_byzantine=3, strict=False).aggregate({"w": x})

@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_robust import flat_random
 from fedjax_robust.algorithms.fedavg import classification_loss, make_fedavg
 from fedjax_robust.algorithms.fedcac import make_fedcac, server_step
 from fedjax_robust.client import ClientData, LocalTrainSpec, local_train
@@ -116,7 +117,7 @@ def test_ties_at_the_threshold_are_included():  # §6 item 4
 
 
 def test_mask_is_layout_and_scale_invariant():  # §6 item 5
-  s = jax.random.uniform(jax.random.key(0), (4, 3, 5)) + 0.1
+  s = flat_random.uniform(jax.random.key(0), (4, 3, 5)) + 0.1
   m = np.asarray(critical_mask(s, 0.4))
   np.testing.assert_array_equal(np.asarray(critical_mask(s.transpose(2, 0, 1), 0.4)), m.transpose(2, 0, 1))
   np.testing.assert_array_equal(np.asarray(critical_mask(s.reshape(6, 10), 0.4)), m.reshape(6, 10))

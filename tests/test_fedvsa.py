@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_robust import flat_random
 from fedjax_robust.algorithms.fedvsa import (Cache, inference_loss, loss_audit, make_fedvsa, recon, value_weights,
                                              weighted_sum)
 from fedjax_robust.client import ClientData, LocalTrainSpec
@@ -98,7 +99,7 @@ def _tiny_model():
 
 def test_inference_loss_reductions_and_equals_server_side_evaluation():
   model, params = _tiny_model()
-  x = jax.random.normal(jax.random.key(1), (23, 5))
+  x = flat_random.normal(jax.random.key(1), (23, 5))
   y = jax.random.randint(jax.random.key(2), (23,), 0, 3)
   data = ClientData(x, y, jnp.int32(20))  # 3 padding rows
   ce = optax.softmax_cross_entropy_with_integer_labels(model.logits(params, x[:20]), y[:20])

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from fedjax_robust import models
+from fedjax_robust import flat_random, models
 from fedjax_robust.models import (count_params, get_model,
                                   get_model_from_config, init_params,
                                   make_model, merge_base_head, split_base_head)
@@ -105,7 +105,7 @@ def test_logits_are_head_of_features(case):
   name, kwargs, shape, num_classes, n_params, feat_dim = case
   model, params = _params_for(name, kwargs, shape, num_classes)
   assert count_params(params) == n_params
-  x = jax.random.normal(jax.random.key(1), (3,) + shape)
+  x = flat_random.normal(jax.random.key(1), (3,) + shape)
 
   @jax.jit
   def run(p, x):
@@ -216,7 +216,7 @@ def test_vmap_over_client_params_matches_loop(name, kwargs, shape,
   per_client = [jax.tree_util.tree_map(lambda a, c=c: a * (1 + 0.3 * c) + 0.01 * c,
                                        params) for c in range(3)]
   stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *per_client)
-  x = jax.random.normal(jax.random.key(5), (3, 4) + shape)  # [clients, B, ...]
+  x = flat_random.normal(jax.random.key(5), (3, 4) + shape)  # [clients, B, ...]
 
   def apply(p, xb):
     return model.apply({"params": p}, xb)
@@ -526,7 +526,7 @@ def test_cnn_mnist_is_fedalcs_lenet_style_cnn():
   model = make_model(get_model("cnn_mnist", 10))
   variables = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
   assert count_params(variables["params"]) == 21_840
-  x = jax.random.uniform(jax.random.key(1), (4, 28, 28, 1))
+  x = flat_random.uniform(jax.random.key(1), (4, 28, 28, 1))
   eval_logits = model.apply(variables, x)[0]
   assert eval_logits.shape == (4, 10)
   np.testing.assert_array_equal(eval_logits, model.apply(variables, x)[0])

@@ -15,7 +15,7 @@ import optax
 import pytest
 from flax import traverse_util
 
-from fedjax_robust import models
+from fedjax_robust import flat_random, models
 from fedjax_robust.models import count_params, get_model, make_model
 from fedjax_robust.models import resnet as R
 
@@ -138,12 +138,12 @@ def resnet8():
 
 def test_train_updates_batch_stats_eval_does_not(resnet8):
   model, variables = resnet8
-  x = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3))
+  x = flat_random.uniform(jax.random.key(1), (4, 32, 32, 3))
   logits, state = model.apply(variables, x)
   assert logits.shape == (4, 10)
   jax.tree_util.tree_map(np.testing.assert_array_equal, state, {"batch_stats": variables["batch_stats"]})
   # Eval mode uses the running statistics: a row's logits do not depend on the rest of the batch.
-  other = model.apply(variables, x.at[1:].set(jax.random.uniform(jax.random.key(2), (3, 32, 32, 3))))[0]
+  other = model.apply(variables, x.at[1:].set(flat_random.uniform(jax.random.key(2), (3, 32, 32, 3))))[0]
   _close(other[0], logits[0])
   train_logits, new_state = model.apply(variables, x, train=True)
   assert not np.allclose(train_logits, logits, atol=1e-3)
@@ -161,8 +161,8 @@ def test_train_updates_batch_stats_eval_does_not(resnet8):
 def test_masked_rows_do_not_enter_batch_stats(resnet8):
   """Padding rows masked out: the same updated batch_stats and real-row logits as the batch without them."""
   model, variables = resnet8
-  x = jax.random.uniform(jax.random.key(3), (4, 32, 32, 3))
-  padded = jnp.concatenate([x, 100.0 * jax.random.normal(jax.random.key(4), (2, 32, 32, 3))])
+  x = flat_random.uniform(jax.random.key(3), (4, 32, 32, 3))
+  padded = jnp.concatenate([x, 100.0 * flat_random.normal(jax.random.key(4), (2, 32, 32, 3))])
   mask = jnp.array([True] * 4 + [False] * 2)
   ref_logits, ref_state = model.apply(variables, x, train=True)
   logits, state = model.apply(variables, padded, train=True, mask=mask)
@@ -175,7 +175,7 @@ def test_masked_rows_do_not_enter_batch_stats(resnet8):
 
 def test_logits_are_head_of_features(resnet8):
   model, variables = resnet8
-  x = jax.random.uniform(jax.random.key(5), (4, 32, 32, 3))
+  x = flat_random.uniform(jax.random.key(5), (4, 32, 32, 3))
   feats = model.features(variables, x)
   assert feats.shape == (4, 256) and float(jnp.min(feats)) >= 0.0  # average of ReLU outputs
   head = model.module.apply(variables, feats, method=lambda m, f: m.head(f))
@@ -187,7 +187,7 @@ def test_logits_are_head_of_features(resnet8):
 def test_conv_impl_patches_matches_xla(resnet8):
   model, variables = resnet8
   patches = _jitted(make_model(get_model("resnet8", 10, conv_impl="patches")))
-  x = jax.random.uniform(jax.random.key(6), (4, 32, 32, 3))
+  x = flat_random.uniform(jax.random.key(6), (4, 32, 32, 3))
   with jax.default_matmul_precision("highest"):
     _close(patches.apply(variables, x)[0], model.apply(variables, x)[0], 1e-4)
 
@@ -198,7 +198,7 @@ def test_conv_impl_folded_vmapped_training_gradients_match_xla(resnet8):
   shortcuts) equal JAX's own gradients (``xla``) to float32 rounding."""
   _, variables = resnet8
   stacked = jax.tree.map(lambda a: jnp.stack([a, a * 0.9 + 0.01]), variables)
-  x = jax.random.uniform(jax.random.key(7), (2, 4, 32, 32, 3))
+  x = flat_random.uniform(jax.random.key(7), (2, 4, 32, 32, 3))
   y = jnp.array([[1, 2, 3, 4], [5, 6, 7, 8]])
 
   def grads(impl):

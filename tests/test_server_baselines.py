@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_robust import flat_random
 from fedjax_robust.aggregators import make_aggregator
 from fedjax_robust.client import ClientData, LocalTrainSpec
 from fedjax_robust.round_context import RoundContext, compute_needs
@@ -30,7 +31,7 @@ def col(values):
 
 
 def _cloud(c=7, d=5, seed=0):
-  return 0.1 * jax.random.normal(jax.random.PRNGKey(seed), (c, d))
+  return 0.1 * flat_random.normal(jax.random.PRNGKey(seed), (c, d))
 
 
 def test_dnc_removes_an_obvious_outlier_and_averages_the_rest():

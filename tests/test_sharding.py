@@ -20,6 +20,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding
 
+from fedjax_robust import flat_random
 from fedjax_robust.algorithms.fedavg import make_fedavg
 from fedjax_robust.client import plain_loss, ClientData, LocalTrainSpec, local_train, masked_cross_entropy
 from fedjax_robust.data.federated import FederatedData, stack_padded
@@ -207,7 +208,7 @@ def test_gather_map_scatter_over_sharded_client_state_in_jit_equals_vmap(shard, 
   """A round's shape: gather the cohort from sharded state/data, map the clients, scatter back."""
   k = 8
   data = client_data([3, 5, 1, 6, 2, 4, 6, 1], n_max=6, seed=2)
-  state = {"w": jax.random.normal(jax.random.key(1), (k, 3)), "count": jnp.zeros((k,), jnp.int32)}
+  state = {"w": flat_random.normal(jax.random.key(1), (k, 3)), "count": jnp.zeros((k,), jnp.int32)}
   server = {"w": jnp.array([1.0, 0.5, -0.5])}
   idx = jnp.sort(jax.random.choice(jax.random.key(cohort), k, (cohort,), replace=False))
   keys = jax.random.split(jax.random.key(9), cohort)

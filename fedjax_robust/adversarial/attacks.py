@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_robust import compilation
+from fedjax_robust import compilation, flat_random
 
 PyTree = Any
 LogitsFn = Callable[[PyTree, jax.Array], jax.Array]  # (variables, x) -> logits
@@ -97,7 +97,7 @@ def project_linf(x_adv: jax.Array, x: jax.Array, eps: float) -> jax.Array:
 def uniform_start(x: jax.Array, key: jax.Array, eps: float) -> jax.Array:
   """``clip01(x + U(-ε, ε))`` with row ``i``'s noise drawn from ``fold_in(key, i)``: a row's start does not depend
   on how many rows follow it (a padded batch attacks its real rows exactly as the unpadded one)."""
-  noise = jax.vmap(lambda i: jax.random.uniform(jax.random.fold_in(key, i), x.shape[1:], x.dtype, -eps, eps))(
+  noise = jax.vmap(lambda i: flat_random.uniform(jax.random.fold_in(key, i), x.shape[1:], x.dtype, -eps, eps))(
       jnp.arange(x.shape[0]))
   return jnp.clip(x + noise, 0.0, 1.0)
 

@@ -37,6 +37,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_robust import flat_random
 from fedjax_robust.adversarial.attacks import LinfParams, cross_entropy, linf_ascent, pgd
 from fedjax_robust.adversarial.calibration import calibrated_cross_entropy, check_calibration, log_prior_logits
 from fedjax_robust.client import Batch, BatchTransform, ClientData, LossFn, masked_cross_entropy
@@ -116,7 +117,7 @@ def kl_transform(attack: LinfParams, train_mode: bool = False, calibrate=None):
       logits = attack_logits(model, mask, dropout_key, train_mode)
       clean_log = jax.lax.stop_gradient(jax.nn.log_softmax(cal(logits(variables, x))))
       example_loss = lambda z: _kl(clean_log, jax.nn.log_softmax(cal(logits(variables, z))))
-      noise = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(start_key, i), x.shape[1:], x.dtype))(
+      noise = jax.vmap(lambda i: flat_random.normal(jax.random.fold_in(start_key, i), x.shape[1:], x.dtype))(
           jnp.arange(x.shape[0]))
       start = jnp.clip(x + 0.001 * noise, 0.0, 1.0)
       return linf_ascent(example_loss, x, start, attack.eps, attack.step_size, attack.steps, has_conv(variables),

@@ -39,6 +39,7 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from fedjax_robust import flat_random
 from fedjax_robust.attacks.base import (ModelAttack, benign_reference, finish, global_flat, masked_mean,
                                         masked_mean_std, pairwise_sq_dists, prepare)
 
@@ -272,7 +273,7 @@ def fang_trimmed_mean(b: float = 2.0, direction: Optional[str] = None, knowledge
     if space == "update" or wg is None:
       wg = jnp.zeros(c.flat.shape[1:], c.flat.dtype)
     models = c.flat + wg
-    u = jax.random.uniform(key, c.flat.shape, c.flat.dtype)  # one draw per attacker row and coordinate
+    u = flat_random.uniform(key, c.flat.shape, c.flat.dtype)  # one draw per attacker row and coordinate
     if knowledge == "partial" and not compat:
       mu, sigma = masked_mean_std(models, ref, ddof=1)
       up = mu + (3 + u) * sigma

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import ndtri
 
+from fedjax_robust import flat_random
 from fedjax_robust.attacks.base import (ModelAttack, benign_reference, finish, masked_mean,
                                         masked_mean_std, pairwise_sq_dists, prepare, reference_set,
                                         row_sq_dists)
@@ -64,7 +65,7 @@ def gaussian(sigma: Optional[float] = None, mode: str = "replace") -> ModelAttac
       s = jnp.std(c.flat, axis=1, keepdims=True)
     else:
       s = jnp.asarray(sigma, c.flat.dtype)
-    noise = s * jax.random.normal(key, c.flat.shape, c.flat.dtype)
+    noise = s * flat_random.normal(key, c.flat.shape, c.flat.dtype)
     return finish(c, noise if mode == "replace" else c.flat + noise)
 
   return ModelAttack("gaussian", apply)

@@ -51,7 +51,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedjax_robust.models.layers import TorchBatchNorm, TorchConv, TorchDense
+from fedjax_robust.models.layers import Dropout, TorchBatchNorm, TorchConv, TorchDense
 
 
 # How a max-pool is computed: "reduce_window" (flax's nn.max_pool), "reshape" (crop, reshape, max: the same values;
@@ -253,7 +253,7 @@ class AlexNet28(nn.Module):
     self.fc2 = TorchDense(512, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
     if self.dropout_rate > 0:
-      self.dropout = nn.Dropout(self.dropout_rate)
+      self.dropout = Dropout(self.dropout_rate)
 
   @property
   def feature_dim(self) -> int:
@@ -295,8 +295,8 @@ class MnistCNN(nn.Module):
     self.fc1 = TorchDense(50, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
     if self.dropout_rate > 0:
-      self.channel_dropout = nn.Dropout(self.dropout_rate, broadcast_dims=(1, 2))
-      self.dropout = nn.Dropout(self.dropout_rate)
+      self.channel_dropout = Dropout(self.dropout_rate, broadcast_dims=(1, 2))
+      self.dropout = Dropout(self.dropout_rate)
 
   @property
   def feature_dim(self) -> int:
@@ -343,9 +343,9 @@ class _FedCCConvNet(nn.Module):
     self.fc1 = TorchDense(self.fc_dim, init_scheme=self.init_scheme)
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
     if self.dropout_rate > 0:
-      self.dropout = nn.Dropout(self.dropout_rate)
+      self.dropout = Dropout(self.dropout_rate)
     if self.head_dropout_rate > 0:
-      self.head_dropout = nn.Dropout(self.head_dropout_rate)
+      self.head_dropout = Dropout(self.head_dropout_rate)
 
   @property
   def feature_dim(self) -> int:
@@ -411,7 +411,7 @@ class MLP(nn.Module):
               TorchDense(int(h), init_scheme=self.init_scheme))
     self.head = TorchDense(self.num_classes, init_scheme=self.init_scheme)
     if self.dropout_rate > 0:
-      self.dropout = nn.Dropout(self.dropout_rate)
+      self.dropout = Dropout(self.dropout_rate)
 
   @property
   def penultimate(self) -> Optional[str]:

@@ -78,7 +78,7 @@ from flax import serialization, traverse_util
 
 from fedjax_robust.models.layers import (INIT_SCHEMES, TorchBatchNorm, TorchDense, _conv_padding,
                                          check_conv_impl, conv2d,
-                                         torch_uniform_init)
+                                         torch_uniform_init, variance_scaling_init)
 
 CONV_INITS = ("kaiming", "default")
 LAYOUTS = ("torchvision", "fling")
@@ -108,11 +108,11 @@ class ResNetConv(nn.Module):
     check_conv_impl(self.impl)
     k, cin = self.kernel_size, x.shape[-1]
     if _check(self.conv_init, CONV_INITS, "conv_init") == "kaiming":
-      init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")  # untruncated, std sqrt(2/(cout k^2))
+      init = variance_scaling_init(2.0, "fan_out", "normal")  # untruncated, std sqrt(2/(cout k^2))
     elif _check(self.init_scheme, INIT_SCHEMES, "init_scheme") == "torch":
       init = torch_uniform_init(k * k * cin)
     else:
-      init = nn.initializers.lecun_normal()
+      init = variance_scaling_init(1.0, "fan_in", "truncated_normal")  # flax's lecun_normal
     kernel = self.param("kernel", init, (k, k, cin, self.features), jnp.float32)
     strides, padding = (self.strides, self.strides), _conv_padding(self.padding)
     return conv2d(x, kernel, strides, padding, self.impl)
