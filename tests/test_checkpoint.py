@@ -199,15 +199,15 @@ def test_run_py_extends_a_checkpointed_run(tmp_path):
          "--config.output.progress=False", "--config.output.checkpoint_every=1", f"--run_dir={tmp_path / 'cli'}"]
   first = subprocess.run(cmd + ["--config.rounds=1"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
   assert first.returncode == 0, first.stderr[-3000:]
-  second = subprocess.run(cmd + ["--config.rounds=2", "--config.output.resume=True"], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+  resume = cmd + ["--config.rounds=2", "--config.output.resume=True", "--config.output.plots=False"]  # drawn once
+  second = subprocess.run(resume, capture_output=True, text=True, timeout=300, cwd=tmp_path)
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resuming" in second.stderr
   summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
   assert summary["resumed_from_round"] == 1 and summary["final"]["round"] == 2
   assert [r["round"] for r in metrics(tmp_path / "cli")] == [1, 2]
-  again = subprocess.run(cmd + ["--config.rounds=2", "--config.output.resume=True"], capture_output=True, text=True,
-                         timeout=300, cwd=tmp_path)  # nothing left to run: re-evaluates and reports, no rounds/s
+  again = subprocess.run(resume, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)  # nothing left to run: re-evaluates and reports, no rounds/s
   assert again.returncode == 0, again.stderr[-3000:]
   assert '"resumed_from_round": 2' in again.stdout and '"rounds_per_s": null' in again.stdout
   assert [r["round"] for r in metrics(tmp_path / "cli")] == [1, 2]
