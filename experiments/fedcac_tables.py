@@ -627,6 +627,17 @@ def _axes(n: int):
   return fig, axes[0]
 
 
+def _figure_note(cells) -> str:
+  """A figure title's second line: how many seeds the curves average and, for reduced cells, the reductions (so a
+  picture read apart from its page still says what was run)."""
+  cells = list(cells)
+  seeds = sorted({len(c.get("seeds") or c.get("value_values") or [0]) for c in cells})
+  reductions = list(dict.fromkeys(r for c in cells for r in _protocol_of(c).get("reductions", [])))
+  note = f"mean of {'/'.join(map(str, seeds))} seed(s)"
+  import textwrap
+  return "\n".join(textwrap.wrap(note + ("; REDUCED: " + ", ".join(reductions) if reductions else ""), 80))
+
+
 def fig3_figure(results: dict, path: Path) -> None:
   """Fig. 3: mean client accuracy per round under each selection rule, one panel per dataset."""
   datasets = [d for d in DATASETS if fig3_cells(results, d)]
@@ -638,8 +649,10 @@ def fig3_figure(results: dict, path: Path) -> None:
       curve = _mean_curve(cell)
       if curve:
         ax.plot(*curve, label=FIG3_SELECTIONS[s], color=f"C{list(FIG3_SELECTIONS).index(s)}")
-    ax.set(title=f"{DATASETS[d]}, pathological, τ = {FIG3_TAU}, critical local", xlabel="round",
+    ax.set(title=f"{DATASETS[d]}, pathological, τ = {FIG3_TAU}, critical local\n"
+                 f"{_figure_note(fig3_cells(results, d).values())}", xlabel="round",
            ylabel="mean client accuracy after aggregation (%)")
+    ax.title.set_fontsize(8)
     ax.legend(fontsize=8)
   grid.save_figure(fig, path)
 
@@ -657,8 +670,9 @@ def _sweep_figure(results: dict, path: Path, field: str) -> None:
                 capsize=3, label="FedCAC (ours)")
     ax.axvline(own_value(d, field), color="gray", ls=":", lw=1,
                label=f"the paper's choice ({symbol} = {own_value(d, field):g})")
-    ax.set(title=f"{DATASETS[d]}, Dirichlet α = {FIG_ALPHA}", xlabel=symbol,
+    ax.set(title=f"{DATASETS[d]}, Dirichlet α = {FIG_ALPHA}\n{_figure_note(c for _, c in points)}", xlabel=symbol,
            ylabel="best-round mean client accuracy (%)")
+    ax.title.set_fontsize(8)
     ax.legend(fontsize=8)
   grid.save_figure(fig, path)
 
