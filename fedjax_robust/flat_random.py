@@ -4,11 +4,10 @@ JAX's PRNGs number the values of a draw by their row-major position: ``jax.rando
 ``jax.random.uniform(key, (840,)).reshape(84, 10)`` bit for bit (threefry, partitionable or not, and rbg; the tests
 check each implementation). XLA:CPU does not compile the two alike. The partitionable threefry (JAX's default)
 builds a multi-dimensional draw's counter from one 64-bit iota per axis, and XLA:CPU turns that into slow code:
-with jax 0.10.2 on a 2-core VM, one ``uniform`` of shape (84, 10) or (5, 5, 3, 6) took 1.2-1.6 s to compile, the
-flat draw 0.15-0.2 s. A model's init draws once per layer, so it paid that for every layer: ResNet-8's init took
-13 s with the test suite's compiler flags (8 s with XLA's defaults), 4.4 s with flat draws, 2.5 s with flat
-draws inside one jitted ``init``. So did a PGD random start (one draw per image), dropout masks and the noise
-attacks inside a round program.
+with jax 0.10.2 on a 2-core VM, one ``uniform`` of shape (84, 10) or (5, 5, 3, 6) took 1.5-2.1 s to compile, the
+flat draw 0.3 s (benchmarks/README.md §8). A model's init draws once per layer, so it paid that for every layer:
+ResNet-8's eager init took 7.7 s (15.3 s with the test suite's compiler flags), 5.4 s (4.5 s) with flat draws.
+So did a PGD random start (one draw per image), dropout masks and the noise attacks inside a round program.
 
 These functions take the arguments of their ``jax.random`` namesakes (``shape`` required) and return the same
 arrays; a scalar or one-dimensional draw is passed through unchanged. Use them wherever a draw has two or more
