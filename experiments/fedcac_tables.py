@@ -49,6 +49,7 @@ import json
 import logging
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -634,7 +635,6 @@ def _figure_note(cells) -> str:
   seeds = sorted({len(c.get("seeds") or c.get("value_values") or [0]) for c in cells})
   reductions = list(dict.fromkeys(r for c in cells for r in _protocol_of(c).get("reductions", [])))
   note = f"mean of {'/'.join(map(str, seeds))} seed(s)"
-  import textwrap
   return "\n".join(textwrap.wrap(note + ("; REDUCED: " + ", ".join(reductions) if reductions else ""), 80))
 
 
@@ -645,12 +645,13 @@ def fig3_figure(results: dict, path: Path) -> None:
     raise ValueError("no Fig. 3 cell (fedcac_local_<selection>) in these results")
   fig, axes = _axes(len(datasets))
   for ax, d in zip(axes, datasets):
-    for s, cell in fig3_cells(results, d).items():
+    cells = fig3_cells(results, d)
+    for s, cell in cells.items():
       curve = _mean_curve(cell)
       if curve:
         ax.plot(*curve, label=FIG3_SELECTIONS[s], color=f"C{list(FIG3_SELECTIONS).index(s)}")
     ax.set(title=f"{DATASETS[d]}, pathological, τ = {FIG3_TAU}, critical local\n"
-                 f"{_figure_note(fig3_cells(results, d).values())}", xlabel="round",
+                 f"{_figure_note(cells.values())}", xlabel="round",
            ylabel="mean client accuracy after aggregation (%)")
     ax.title.set_fontsize(8)
     ax.legend(fontsize=8)

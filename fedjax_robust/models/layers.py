@@ -84,6 +84,13 @@ def torch_uniform_init(fan_in: int):
   return init
 
 
+def check_choice(value: str, allowed: Sequence[str], what: str) -> str:
+  """``value`` when it is one of ``allowed``, else a ValueError naming ``what`` and the choices."""
+  if value not in allowed:
+    raise ValueError(f"unknown {what} {value!r}; expected one of {tuple(allowed)}")
+  return value
+
+
 VARIANCE_SCALING_MODES = ("fan_in", "fan_out")
 VARIANCE_SCALING_DISTRIBUTIONS = ("normal", "truncated_normal")
 
@@ -94,10 +101,8 @@ def variance_scaling_init(scale: float, mode: str, distribution: str):
   ``(1, "fan_in", "truncated_normal")`` is flax's ``lecun_normal``, ``(2, "fan_out", "normal")`` PyTorch's
   ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``. The fans and the constants are computed as jax does, in
   the same order, so that the float32 results match to the bit."""
-  if mode not in VARIANCE_SCALING_MODES:
-    raise ValueError(f"unknown mode {mode!r}; expected one of {VARIANCE_SCALING_MODES}")
-  if distribution not in VARIANCE_SCALING_DISTRIBUTIONS:
-    raise ValueError(f"unknown distribution {distribution!r}; expected one of {VARIANCE_SCALING_DISTRIBUTIONS}")
+  check_choice(mode, VARIANCE_SCALING_MODES, "mode")
+  check_choice(distribution, VARIANCE_SCALING_DISTRIBUTIONS, "distribution")
 
   def init(key, shape, dtype=jnp.float32):
     shape = tuple(int(d) for d in shape)

@@ -77,19 +77,13 @@ import numpy as np
 from flax import serialization, traverse_util
 
 from fedjax_robust.models.layers import (INIT_SCHEMES, TorchBatchNorm, TorchDense, _conv_padding,
-                                         check_conv_impl, conv2d,
+                                         check_choice, check_conv_impl, conv2d,
                                          torch_uniform_init, variance_scaling_init)
 
 CONV_INITS = ("kaiming", "default")
 LAYOUTS = ("torchvision", "fling")
 STEMS = ("imagenet", "cifar")
 NORMS = ("batch", "group")
-
-
-def _check(value: str, allowed: Sequence[str], what: str) -> str:
-  if value not in allowed:
-    raise ValueError(f"unknown {what} {value!r}; expected one of {tuple(allowed)}")
-  return value
 
 
 class ResNetConv(nn.Module):
@@ -107,9 +101,9 @@ class ResNetConv(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     check_conv_impl(self.impl)
     k, cin = self.kernel_size, x.shape[-1]
-    if _check(self.conv_init, CONV_INITS, "conv_init") == "kaiming":
+    if check_choice(self.conv_init, CONV_INITS, "conv_init") == "kaiming":
       init = variance_scaling_init(2.0, "fan_out", "normal")  # untruncated, std sqrt(2/(cout k^2))
-    elif _check(self.init_scheme, INIT_SCHEMES, "init_scheme") == "torch":
+    elif check_choice(self.init_scheme, INIT_SCHEMES, "init_scheme") == "torch":
       init = torch_uniform_init(k * k * cin)
     else:
       init = variance_scaling_init(1.0, "fan_in", "truncated_normal")  # flax's lecun_normal
@@ -126,7 +120,7 @@ def _batch_norm(bn: TorchBatchNorm, x: jax.Array, train: bool, mask: Optional[ja
 def _norm_layer(norm: str, momentum: float, epsilon: float, num_groups: int,
                 name: Optional[str] = None) -> nn.Module:
   """The normalisation layer ``norm`` names: 'batch' (``layers.TorchBatchNorm``) or 'group' (``nn.GroupNorm``)."""
-  if _check(norm, NORMS, "norm") == "batch":
+  if check_choice(norm, NORMS, "norm") == "batch":
     return TorchBatchNorm(momentum=momentum, epsilon=epsilon, name=name)
   return nn.GroupNorm(num_groups=int(num_groups), epsilon=epsilon, name=name)
 
@@ -204,8 +198,8 @@ class ResNet(nn.Module):
   def setup(self):
     if len(self.stage_sizes) != len(self.widths) or not self.widths:
       raise ValueError(f"stage_sizes {self.stage_sizes} and widths {self.widths} must be non-empty, same length")
-    _check(self.stem, STEMS, "stem")
-    _check(self.norm, NORMS, "norm")
+    check_choice(self.stem, STEMS, "stem")
+    check_choice(self.norm, NORMS, "norm")
     if self.norm == "group":
       bad = sorted({int(w) for w in self.widths if int(w) % int(self.num_groups)})
       if bad:
@@ -334,7 +328,7 @@ def torch_state_dict_from_variables(variables: Mapping[str, Any], layout: str = 
   """Inverse of :func:`variables_from_torch_state_dict`: flax ``{"params", "batch_stats"}`` -> a PyTorch
   state_dict of numpy arrays (``torch.from_numpy`` each to ``load_state_dict`` it). ``num_batches_tracked``
   adds each BatchNorm's counter (int64 0; flax keeps none), which a strict PyTorch load expects."""
-  _check(layout, LAYOUTS, "layout")
+  check_choice(layout, LAYOUTS, "layout")
   out = {}
   for collection in ("params", "batch_stats"):
     for path, value in traverse_util.flatten_dict(dict(variables.get(collection, {}))).items():
@@ -379,7 +373,7 @@ def variables_from_torch_state_dict(state_dict: Mapping[str, Any], model_name: A
   Raises ValueError on any missing or unexpected key or any shape mismatch (all of them listed).
   """
   module, name = _resolve_model(model_name, num_classes)
-  layout = _check(layout or DEFAULT_LAYOUTS.get(name, "torchvision"), LAYOUTS, "layout")
+  layout = check_choice(layout or DEFAULT_LAYOUTS.get(name, "torchvision"), LAYOUTS, "layout")
   template = _template(module, tuple(int(d) for d in input_shape))
   wanted = {}  # torch name -> (collection, flax path, shape)
   for collection in ("params", "batch_stats"):
