@@ -27,6 +27,9 @@ runs FedCAC on the pathological partition with τ = 0.5 and every critical param
 sensitivity_reverse) and draws the per-round accuracy; ``fig5`` sweeps τ (``--taus``, methods ``fedcac_tau<τ>``)
 and ``fig6`` β (``--betas``, ``fedcac_beta<β>``) on Dirichlet α = 0.1 and draw the best-round accuracy against
 them. A sweep's value equal to the dataset's own τ / β is the plain ``fedcac`` cell (Table 2's, the same key).
+A figure refuses a ``--set`` of what it sets per cell (Fig. 5's τ, Fig. 6's β, Fig. 3's selection, collaboration
+and τ). Cells whose FedCAC ran with another τ / β than the setting's (``--set algorithm.fedcac.beta=6``) are
+starred in the tables and named under them, as reductions are (except the value a figure varies itself).
 ``--figure F.png`` draws them (PNG and SVG).
 
 A seeds program is one compiled run and cannot checkpoint (fedjax_robust/run.py). Where a cell's five seeds do not
@@ -111,6 +114,13 @@ FIG3_TAU = 0.5
 FIG_ALPHA = 0.1  # Figs. 5 and 6: Dirichlet α = 0.1
 FIG5_TAUS = (0.1, 0.3, 0.5, 0.7, 0.9)
 FIG6_BETAS = (10, 50, 100, 170, 250, 400)
+SWEPT_FIELDS = ("tau", "beta")  # FedCAC's fields the figures vary (Figs. 5, 6) or fix (Fig. 3)
+SYMBOLS = {"tau": "τ", "beta": "β"}
+FIG3_SKIP = SWEPT_FIELDS  # Fig. 3 fixes τ = 0.5 and keeps critical parameters local (β plays no part)
+# What each figure mode sets itself, per cell: a `--set` of one of these would silently replace it (or mislabel the
+# setting's own point), so the grid refuses it.
+FIGURE_FIELDS = {"fig3": ("algorithm.fedcac.selection", "algorithm.fedcac.collaboration", "algorithm.fedcac.tau"),
+                 "fig5": ("algorithm.fedcac.tau",), "fig6": ("algorithm.fedcac.beta",)}
 
 
 def partition_name(alpha: float | None) -> str:
@@ -257,7 +267,20 @@ def protocol(config) -> dict:
     reductions.append(f"evaluated every {every} rounds (the best of those, not of every round)")
   return {"dataset": DATA_NAMES[data["name"]], "rounds": rounds, "paper_rounds": PAPER_ROUNDS, "epochs": epochs,
           "paper_epochs": PAPER_EPOCHS, "num_clients": clients, "samples_per_client": [m_train, m_test],
-          "eval_every": every, "reduced": bool(reductions), "reductions": reductions}
+          "eval_every": every, "reduced": bool(reductions), "reductions": reductions, "changed": changed_settings(cfg)}
+
+
+def changed_settings(config) -> dict[str, float]:
+  """FedCAC's τ / β where a FedCAC cell ran with other values than its dataset's (spec §1.2; ``--set
+  algorithm.fedcac.beta=6``, or a Fig. 5 / 6 sweep point): ``{"beta": 6.0}``; empty for the setting's own and for
+  the other methods (their config carries FedCAC's fields unused)."""
+  cfg = config if isinstance(config, dict) else json.loads(config.to_json_best_effort())
+  algorithm = cfg.get("algorithm", {})
+  if algorithm.get("name") != "fedcac":
+    return {}
+  dataset = DATA_NAMES[cfg["data"]["name"]]
+  return {f: float(algorithm["fedcac"][f]) for f in SWEPT_FIELDS
+          if float(algorithm["fedcac"][f]) != own_value(dataset, f)}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -339,16 +362,32 @@ def n_seeds(cell: dict) -> int:
 
 def _protocol_of(cell: dict) -> dict:
   found = cell.get("protocol") or next(iter(cell.get("per_seed", {}).values()), {}).get("protocol")
-  return found or protocol(cell["config"])
+  if not found:
+    return protocol(cell["config"])
+  if "changed" not in found:  # stored before protocols said it: read it off the cell's config
+    found = {**found, "changed": changed_settings(cell["config"]) if "config" in cell else {}}
+  return found
 
 
-def ours(cell: dict | None, field: str = "value") -> str:
-  """``mean ± std`` over seeds (one seed: the value alone), ``*`` when the cell is reduced; ``not run``."""
+def changed_of(cell: dict, skip=()) -> dict[str, float]:
+  """:func:`changed_settings` of a stored cell, less the fields in ``skip`` (what a figure varies or fixes itself)."""
+  return {f: v for f, v in _protocol_of(cell)["changed"].items() if f not in skip}
+
+
+def _changed_text(cell: dict, skip=()) -> list[str]:
+  dataset = _protocol_of(cell)["dataset"]
+  return [f"{SYMBOLS[f]} = {v:g} on {DATASETS[dataset]} (spec §1.2: {own_value(dataset, f):g})"
+          for f, v in changed_of(cell, skip).items()]
+
+
+def ours(cell: dict | None, field: str = "value", skip=()) -> str:
+  """``mean ± std`` over seeds (one seed: the value alone), ``*`` when the cell is reduced or ran FedCAC with
+  another τ / β than the setting's (less ``skip``: what the table varies itself); ``not run``."""
   if cell is None or field not in cell:
     return "not run"
   std = cell.get(f"{field}_std") if n_seeds(cell) > 1 else None
   text = f"{cell[field]:.2f}" + ("" if std is None else f" ± {std:.2f}")
-  return text + ("*" if _protocol_of(cell)["reduced"] else "")
+  return text + ("*" if _protocol_of(cell)["reduced"] or changed_of(cell, skip) else "")
 
 
 def _paper(pair) -> str:
@@ -359,9 +398,9 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
   return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def setup_note(cells: list[dict], columns: list[tuple[str, str]]) -> str:
-  """Which runs the table's cells are: rounds / epochs / seeds / evaluation, reductions (``*``), devices, wall time,
-  and which columns have not run."""
+def setup_note(cells: list[dict], columns: list[tuple[str, str]], skip=()) -> str:
+  """Which runs the table's cells are: rounds / epochs / seeds / evaluation, reductions and changed τ / β (``*``;
+  less ``skip``, what the table varies itself), devices, wall time, and which columns have not run."""
   runs, reduced = {}, {}
   for cell in cells:
     p = _protocol_of(cell)
@@ -376,6 +415,9 @@ def setup_note(cells: list[dict], columns: list[tuple[str, str]]) -> str:
   if reduced:
     lines.append("`*` = REDUCED from the paper's protocol (500 rounds x E = 5, 40 clients, 500 / 100 rows, every "
                  "round evaluated): " + "; ".join(reduced) + ".")
+  changed = list(dict.fromkeys(t for c in cells for t in _changed_text(c, skip)))
+  if changed:
+    lines.append("`*` also: FedCAC ran with " + "; ".join(changed) + ".")
   lines.append("Ours: best round's uniform mean client accuracy (after aggregation), mean ± std (ddof 0) over "
                "seeds; paper: mean ± std over 5 runs." + (f" Devices: {', '.join(devices)}." if devices else "")
                + (f" Wall time of these cells: {wall / 3600:.2f} h." if wall else ""))
@@ -556,7 +598,7 @@ def sweep_claims(results: dict, dataset: str, field: str) -> list[tuple[str, boo
   """Figs. 5 / 6 (spec §4): the best-round accuracy peaks inside the swept range, lower at both ends (τ: near 0.5;
   β: "low for small β, decreases again for too large β")."""
   points = _sweep(results, dataset, field)
-  symbol = "τ" if field == "tau" else "β"
+  symbol = SYMBOLS[field]
   claim = f"accuracy peaks inside the {symbol} range, lower at both ends ({DATASETS[dataset]})"
   if len(points) < 3:
     return [(claim, None, f"{len(points)} {symbol} value(s) run, 3 needed")]
@@ -583,31 +625,31 @@ def fig3(results: dict) -> str:
   checks, present = [], []
   for d in _figure_datasets(results, lambda d: [("pathological", f"fedcac_local_{s}") for s in FIG3_SELECTIONS]):
     for s, cell in fig3_cells(results, d).items():
-      lines.append(f"| {DATASETS[d]} | {FIG3_SELECTIONS[s]} | {ours(cell)} | {cell.get('best_round', '—')} | "
-                   f"{ours(cell, 'final')} |")
+      lines.append(f"| {DATASETS[d]} | {FIG3_SELECTIONS[s]} | {ours(cell, skip=FIG3_SKIP)} | "
+                   f"{cell.get('best_round', '—')} | {ours(cell, 'final', FIG3_SKIP)} |")
       present.append(cell)
     checks += fig3_claims(results, d)
   if not present:
     return "(no Fig. 3 cell in these results)\n"
-  return "\n".join(lines + ["", setup_note(present, []), "", "The paper's ordering (curves only, no numbers):",
+  return "\n".join(lines + ["", setup_note(present, [], FIG3_SKIP), "", "The paper's ordering (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 
 def _sweep_table(results: dict, field: str, title: str) -> str:
-  symbol = "τ" if field == "tau" else "β"
+  symbol = SYMBOLS[field]
   lines = [f"**{title}** (best-round accuracy %)", "", f"| Dataset | {symbol} | ours |", "|---|---|---|"]
   checks, present = [], []
   for d in DATASETS:
     points = _sweep(results, d, field)
     for v, cell in points:
       own = v == own_value(d, field)
-      lines.append(f"| {DATASETS[d]} | {v:g}{' (the setting’s)' if own else ''} | {ours(cell)} |")
+      lines.append(f"| {DATASETS[d]} | {v:g}{' (the setting’s)' if own else ''} | {ours(cell, skip=(field,))} |")
       present.append(cell)
     if points:
       checks += sweep_claims(results, d, field)
   if not present:
     return f"(no {title.split(' —')[0]} cell in these results)\n"
-  return "\n".join(lines + ["", setup_note(present, []), "", "The paper's shape (curves only, no numbers):",
+  return "\n".join(lines + ["", setup_note(present, [], (field,)), "", "The paper's shape (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 
@@ -628,13 +670,14 @@ def _axes(n: int):
   return fig, axes[0]
 
 
-def _figure_note(cells) -> str:
-  """A figure title's second line: how many seeds the curves average and, for reduced cells, the reductions (so a
-  picture read apart from its page still says what was run)."""
+def _figure_note(cells, skip=()) -> str:
+  """A figure title's second line: how many seeds the curves average, for reduced cells the reductions, and a τ / β
+  other than the setting's (less ``skip``), so a picture read apart from its page still says what was run."""
   cells = list(cells)
   seeds = sorted({len(c.get("seeds") or c.get("value_values") or [0]) for c in cells})
   reductions = list(dict.fromkeys(r for c in cells for r in _protocol_of(c).get("reductions", [])))
-  note = f"mean of {'/'.join(map(str, seeds))} seed(s)"
+  changed = list(dict.fromkeys(f"{SYMBOLS[f]} = {v:g}" for c in cells for f, v in changed_of(c, skip).items()))
+  note = f"mean of {'/'.join(map(str, seeds))} seed(s)" + ("; " + ", ".join(changed) if changed else "")
   return "\n".join(textwrap.wrap(note + ("; REDUCED: " + ", ".join(reductions) if reductions else ""), 80))
 
 
@@ -651,7 +694,7 @@ def fig3_figure(results: dict, path: Path) -> None:
       if curve:
         ax.plot(*curve, label=FIG3_SELECTIONS[s], color=f"C{list(FIG3_SELECTIONS).index(s)}")
     ax.set(title=f"{DATASETS[d]}, pathological, τ = {FIG3_TAU}, critical local\n"
-                 f"{_figure_note(cells.values())}", xlabel="round",
+                 f"{_figure_note(cells.values(), FIG3_SKIP)}", xlabel="round",
            ylabel="mean client accuracy after aggregation (%)")
     ax.title.set_fontsize(8)
     ax.legend(fontsize=8)
@@ -659,7 +702,7 @@ def fig3_figure(results: dict, path: Path) -> None:
 
 
 def _sweep_figure(results: dict, path: Path, field: str) -> None:
-  symbol = "τ" if field == "tau" else "β"
+  symbol = SYMBOLS[field]
   datasets = [d for d in DATASETS if _sweep(results, d, field)]
   if not datasets:
     raise ValueError(f"no {symbol} sweep cell in these results")
@@ -671,7 +714,8 @@ def _sweep_figure(results: dict, path: Path, field: str) -> None:
                 capsize=3, label="FedCAC (ours)")
     ax.axvline(own_value(d, field), color="gray", ls=":", lw=1,
                label=f"the paper's choice ({symbol} = {own_value(d, field):g})")
-    ax.set(title=f"{DATASETS[d]}, Dirichlet α = {FIG_ALPHA}\n{_figure_note(c for _, c in points)}", xlabel=symbol,
+    ax.set(title=f"{DATASETS[d]}, Dirichlet α = {FIG_ALPHA}\n{_figure_note((c for _, c in points), (field,))}",
+           xlabel=symbol,
            ylabel="best-round mean client accuracy (%)")
     ax.title.set_fontsize(8)
     ax.legend(fontsize=8)
@@ -735,6 +779,11 @@ def main():
     taus, betas = [float(v) for v in _names(args.taus)], [int(float(v)) for v in _names(args.betas)]
   except ValueError:
     parser.error(f"--taus / --betas: numbers, got {args.taus!r} / {args.betas!r}")
+  fixed = [item for item in args.set if item.partition("=")[0].strip() in FIGURE_FIELDS.get(args.mode, ())]
+  if fixed:
+    parser.error(f"--mode {args.mode} sets {', '.join(FIGURE_FIELDS[args.mode])} per cell itself; --set {fixed[0]} "
+                 f"would replace it (or mislabel the setting's own point): drop it" + (
+                     " and sweep with --taus / --betas" if args.mode != "fig3" else ""))
   chosen = cells_of(args.mode, datasets, methods or None, _names(args.partitions) or None, taus, betas)
   if args.one_seed_per_cell:
     seeds = [int(s) for s in _names(args.seeds)] or [args.seed]

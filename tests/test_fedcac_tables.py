@@ -263,3 +263,43 @@ def test_fig5_and_fig6_sweeps_and_their_shape_checks_by_hand(tmp_path):
   assert all((tmp_path / f).stat().st_size > 0 for f in ("fig5.png", "fig5.svg", "fig6.png", "fig6.svg"))
   only_two = {k: v for k, v in results.items() if "beta" not in k and "tau0.9" not in k}
   assert "not run (2 τ value(s) run, 3 needed)" in t.fig5(only_two)
+
+
+def test_a_changed_tau_or_beta_is_starred_and_said_except_where_the_table_varies_it():
+  beta6 = t.cell_config("cifar10", "dir0.1", "fedcac", _args(set=["algorithm.fedcac.beta=6"]))
+  assert t.changed_settings(beta6) == {"beta": 6.0} and t.protocol(beta6)["changed"] == {"beta": 6.0}
+  assert t.changed_settings(t.cell_config("cifar10", "dir0.1", "fedcac", _args())) == {}
+  assert t.changed_settings(t.cell_config("cifar100", "dir0.1", "fedcac_tau0.7", _args())) == {"tau": 0.7}
+  # FedAvg's config carries FedCAC's fields unused: nothing changed for it.
+  assert t.changed_settings(t.cell_config("cifar10", "dir0.1", "fedavg", _args(set=["algorithm.fedcac.beta=6"]))) == {}
+  # A cell at the paper's protocol stored before protocols said it: read off its config, starred, said once.
+  full = {**_cell(88.0), "config": json.loads(beta6.to_json_best_effort())}
+  table = t.table2({t.cell_key("cifar10", "dir0.1", "fedcac"): full})
+  assert "| FedCAC | 88.00 ± 0.50* / 86.82 ± 1.18 |" in table
+  assert "`*` also: FedCAC ran with β = 6 on CIFAR-10 (spec §1.2: 100)." in table and "REDUCED" not in table
+
+  def changed(value, **fields):
+    cell = _cell(value)
+    cell["protocol"]["changed"] = fields
+    return cell
+
+  # Fig. 6 varies β itself: its points are not starred for it; Fig. 5 says the β its τ sweep ran with.
+  sweep6 = {t.cell_key("cifar10", "dir0.1", "fedcac_beta10"): changed(84.0, beta=10.0)}
+  assert "| CIFAR-10 | 10 | 84.00 ± 0.50 |" in t.fig6(sweep6) and "`*` also" not in t.fig6(sweep6)
+  sweep5 = {t.cell_key("cifar10", "dir0.1", "fedcac_tau0.3"): changed(80.0, tau=0.3, beta=6.0),
+            t.cell_key("cifar10", "dir0.1", "fedcac"): changed(82.0, beta=6.0)}
+  text = t.fig5(sweep5)
+  assert "| CIFAR-10 | 0.3 | 80.00 ± 0.50* |" in text and "| CIFAR-10 | 0.5 (the setting’s) | 82.00 ± 0.50* |" in text
+  assert "`*` also: FedCAC ran with β = 6 on CIFAR-10 (spec §1.2: 100)." in text and "τ = 0.3 on" not in text
+  assert "β = 6" in t._figure_note(sweep5.values(), ("tau",)) and "τ" not in t._figure_note(sweep5.values(), ("tau",))
+
+
+@pytest.mark.parametrize("mode,item", [("fig6", "algorithm.fedcac.beta=6"), ("fig5", "algorithm.fedcac.tau=0.3"),
+                                       ("fig3", "algorithm.fedcac.collaboration=time_varying")])
+def test_a_figure_refuses_a_set_of_what_it_sets_per_cell(mode, item, monkeypatch, capsys, tmp_path):
+  monkeypatch.setattr("sys.argv", ["fedcac_tables.py", "--mode", mode, "--datasets", "cifar10", "--set", item,
+                                   "--out_dir", str(tmp_path)])
+  with pytest.raises(SystemExit):
+    t.main()
+  assert f"--set {item} would replace it" in capsys.readouterr().err
+  assert not any(tmp_path.iterdir())  # refused before any cell ran
