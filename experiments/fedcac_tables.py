@@ -584,14 +584,17 @@ def fig3_claims(results: dict, dataset: str) -> list[tuple[str, bool | None, str
 
 def _sweep(results: dict, dataset: str, field: str) -> list[tuple[float, dict]]:
   """``(value, cell)`` of every swept value of ``field`` with a stored cell, in increasing order: each
-  ``fedcac_<field><v>`` key, and the setting's own value when the plain ``fedcac`` cell is stored."""
+  ``fedcac_<field><v>`` key, and the plain ``fedcac`` cell at the value it ran with: the setting's own, or the one
+  a ``--set`` gave it (Fig. 5's plain cell run with β = 6 is Fig. 6's β = 6 point, unless a ``fedcac_beta6``
+  cell is stored too: that one is shown)."""
   part = partition_name(FIG_ALPHA)
   prefix = f"{dataset}__{part}__fedcac_{field}"
   values = {float(k[len(prefix):].split("__")[0]) for k in results if k.startswith(prefix)}
-  if lookup(results, dataset, part, "fedcac"):
-    values.add(own_value(dataset, field))
-  found = [(v, lookup(results, dataset, part, sweep_method(dataset, field, v))) for v in sorted(values)]
-  return [(v, c) for v, c in found if c]
+  found = {v: lookup(results, dataset, part, f"fedcac_{field}{v:g}") for v in values}
+  plain = lookup(results, dataset, part, "fedcac")
+  if plain:
+    found.setdefault(changed_of(plain).get(field, own_value(dataset, field)), plain)
+  return [(v, found[v]) for v in sorted(found) if found[v]]
 
 
 def sweep_claims(results: dict, dataset: str, field: str) -> list[tuple[str, bool | None, str]]:

@@ -292,6 +292,11 @@ def test_a_changed_tau_or_beta_is_starred_and_said_except_where_the_table_varies
   assert "| CIFAR-10 | 0.3 | 80.00 ± 0.50* |" in text and "| CIFAR-10 | 0.5 (the setting’s) | 82.00 ± 0.50* |" in text
   assert "`*` also: FedCAC ran with β = 6 on CIFAR-10 (spec §1.2: 100)." in text and "τ = 0.3 on" not in text
   assert "β = 6" in t._figure_note(sweep5.values(), ("tau",)) and "τ" not in t._figure_note(sweep5.values(), ("tau",))
+  # Fig. 5's plain cell ran with β = 6: in Fig. 6 it is the β = 6 point, not the setting's β = 100 ...
+  assert "| CIFAR-10 | 6 | 82.00 ± 0.50 |" in t.fig6(sweep5) and "(the setting’s)" not in t.fig6(sweep5)
+  # ... unless a β = 6 sweep cell is stored too: that one is shown.
+  both = {**sweep5, t.cell_key("cifar10", "dir0.1", "fedcac_beta6"): changed(81.0, beta=6.0)}
+  assert "| CIFAR-10 | 6 | 81.00 ± 0.50 |" in t.fig6(both) and "82.00" not in t.fig6(both)
 
 
 @pytest.mark.parametrize("mode,item", [("fig6", "algorithm.fedcac.beta=6"), ("fig5", "algorithm.fedcac.tau=0.3"),
