@@ -12,14 +12,18 @@ state of the same structure (the experiment's initial state), which also carries
 
 A checkpoint can be damaged (a disk filled up, a copy cut short, a file emptied): :meth:`RunCheckpointer.restore_newest`
 then goes back to the newest one that restores, setting the damaged newer ones aside as ``<round>.damaged`` with one
-warning line each, and raises :class:`CheckpointError` (one line naming each checkpoint and why) when none does.
+warning line each, and raises :class:`CheckpointError` (one line naming each checkpoint and why) when none does;
+orbax's own reports of the failed reads, which Python would print later, are dropped (:func:`is_abandoned_orbax_read`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import shutil
+import sys
+import types
 from pathlib import Path
 from typing import Any, Optional
 
@@ -44,6 +48,44 @@ def _quiet_orbax():
     yield
   finally:
     absl_logger.setLevel(level)
+
+
+# orbax (0.12) reads a checkpoint's arrays in coroutines that turn any exception into a new one, GeneratorExit
+# included: after one read of a damaged checkpoint fails, the others, left pending, each print "Exception ignored
+# in: <coroutine _read_array_index_and_device_put>" and a tensorstore spec when Python discards them (some 60 lines
+# per array, at no fixed time: later in the run, or in another test), beside a callback to orbax's closed event
+# loop. That repeats the failure the one warning line of :meth:`RunCheckpointer.restore_newest` already gave.
+_ORBAX_READER = "_read_array_index_and_device_put"
+
+
+def is_abandoned_orbax_read(unraisable) -> bool:
+  """Whether ``sys.unraisablehook``'s argument is one of those reports (and nothing else)."""
+  obj, exc = unraisable.object, unraisable.exc_value
+  if isinstance(obj, types.CoroutineType):
+    code = obj.cr_code
+    return code.co_name == _ORBAX_READER and "orbax" in Path(code.co_filename).parts
+  if obj is None and isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+    tb = unraisable.exc_traceback
+    while tb is not None:
+      if tb.tb_frame.f_code.co_filename == asyncio.base_events.__file__:
+        return True
+      tb = tb.tb_next
+  return False
+
+
+def _drop_abandoned_orbax_reads() -> None:
+  """Install (once) an unraisable-exception hook that drops :func:`is_abandoned_orbax_read` reports and hands every
+  other one to the hook it replaces. Installed only once a restore has failed."""
+  if getattr(sys.unraisablehook, "drops_abandoned_orbax_reads", False):
+    return
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not is_abandoned_orbax_read(unraisable):
+      previous(unraisable)
+
+  hook.drops_abandoned_orbax_reads = True
+  sys.unraisablehook = hook
 
 
 class CheckpointError(RuntimeError):
@@ -161,6 +203,7 @@ class RunCheckpointer:
         state = self.restore(template, step)
       except Exception as e:  # noqa: BLE001 (orbax and tensorstore raise many kinds for a damaged checkpoint)
         failed.append((step, failure_reason(e)))
+        _drop_abandoned_orbax_reads()
         continue
       for bad, reason in failed:
         kept = self._set_aside(bad)
