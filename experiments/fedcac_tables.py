@@ -27,6 +27,8 @@ runs FedCAC on the pathological partition with τ = 0.5 and every critical param
 sensitivity_reverse) and draws the per-round accuracy; ``fig5`` sweeps τ (``--taus``, methods ``fedcac_tau<τ>``)
 and ``fig6`` β (``--betas``, ``fedcac_beta<β>``) on Dirichlet α = 0.1 and draw the best-round accuracy against
 them. A sweep's value equal to the dataset's own τ / β is the plain ``fedcac`` cell (Table 2's, the same key).
+``--one_program`` runs a dataset's Fig. 6 sweep as one program (every β and seed a lane; β is traced, τ is not:
+it sets static shapes), stored as the same cells with a share of the program's time each.
 A figure refuses a ``--set`` of what it sets per cell (Fig. 5's τ, Fig. 6's β, Fig. 3's selection, collaboration
 and τ). Cells whose FedCAC ran with another τ / β than the setting's (``--set algorithm.fedcac.beta=6``) are
 starred in the tables and named under them, as reductions are (except the value a figure varies itself).
@@ -243,6 +245,21 @@ def cell_config(dataset: str, partition: str, method: str, args, seed: int | Non
       node[leaf] = int(seed)
   grid.apply_overrides(config, args.set)  # again: an explicit --set wins over the lines above
   return config
+
+
+def beta_sweep_program(dataset: str, betas, args) -> tuple[dict, object, object]:
+  """Fig. 6's β sweep of ``dataset`` as ONE grid program (``--one_program``; ``grid.run_cells``): FedCAC on
+  Dirichlet α = 0.1 with ``config.grid`` over ``algorithm.fedcac.beta`` (a traced hyperparameter), each point
+  stored under the key its own cell would have (``fedcac_beta<β>``, the dataset's own β the plain ``fedcac``)."""
+  from fedjax_robust.run import point_label
+  part = partition_name(FIG_ALPHA)
+  config = cell_config(dataset, part, "fedcac", args)
+  values = sorted({int(b) for b in betas})
+  config.grid = "algorithm.fedcac.beta=" + ",".join(str(b) for b in values)
+  config.output.name = f"fedcac_{dataset}_{part}_beta_sweep"
+  keys = {point_label({"algorithm.fedcac.beta": float(b)}): cell_key(dataset, part, sweep_method(dataset, "beta", b))
+          for b in values}
+  return keys, config, record
 
 
 def protocol(config) -> dict:
@@ -762,6 +779,9 @@ def main():
   parser.add_argument("--taus", default=",".join(f"{v:g}" for v in FIG5_TAUS), help="--mode fig5: the τ values")
   parser.add_argument("--betas", default=",".join(f"{v:g}" for v in FIG6_BETAS), help="--mode fig6: the β values")
   parser.add_argument("--figure", default="", help="fig3 / fig5 / fig6: also draw the figure to this PNG (+SVG)")
+  parser.add_argument("--one_program", action="store_true",
+                      help="--mode fig6: run each dataset's β sweep as ONE program (--seeds x --betas lanes, β "
+                      "traced) instead of one program per β; memory grows with the lanes")
   grid.add_common_args(parser, "runs/fedcac")
   parser.set_defaults(rounds=0, epochs=0, seeds="0,1,2,3,4")
   args = parser.parse_args()
@@ -788,7 +808,11 @@ def main():
                  f"would replace it (or mislabel the setting's own point): drop it" + (
                      " and sweep with --taus / --betas" if args.mode != "fig3" else ""))
   chosen = cells_of(args.mode, datasets, methods or None, _names(args.partitions) or None, taus, betas)
-  if args.one_seed_per_cell:
+  if args.one_program and (args.mode != "fig6" or args.one_seed_per_cell):
+    parser.error("--one_program: only --mode fig6 (β is traced; τ sets static shapes), without --one_seed_per_cell")
+  if args.one_program:
+    cells = [beta_sweep_program(d, betas, args) for d in datasets]
+  elif args.one_seed_per_cell:
     seeds = [int(s) for s in _names(args.seeds)] or [args.seed]
     cells = [(cell_key(*c, seed=s), cell_config(*c, args, seed=s), record) for c in chosen for s in seeds]
   else:

@@ -286,22 +286,85 @@ def load_pooled(paths: Iterable) -> dict:
   return {key: cells[0] if len(cells) == 1 else pool_seed_cells(cells) for key, cells in found.items()}
 
 
-def run_cells(cells: Iterable[tuple[str, object, Record]], out: Path, results_path: Path, results: dict,
+def grid_program_dir(keys: dict) -> str:
+  """The run directory of a grid program (:func:`run_cells`): its first cell's key and ``__grid``."""
+  return f"{next(iter(keys.values()))}__grid"
+
+
+def point_config(config, point: dict):
+  """``config`` as one lane of its grid program ran it: ``grid`` cleared, the point's values set (an int field keeps
+  an int where the value is whole)."""
+  import copy
+  c = copy.deepcopy(config)
+  c.grid = ""
+  return apply_overrides(c, [f"{k}={v:g}" if float(v).is_integer() else f"{k}={v!r}" for k, v in point.items()])
+
+
+def check_grid_keys(keys: dict, config) -> None:
+  """Before a grid program runs: ``keys`` names each point of ``config.grid`` once (by ``run.point_label``)."""
+  from fedjax_robust.run import parse_grid, point_label
+  if not config.get("grid"):
+    raise ValueError(f"cells keyed by grid point need config.grid: {sorted(keys.values())}")
+  labels = [point_label(p) for p in parse_grid(config.grid, config.algorithm.name)]
+  if sorted(labels) != sorted(keys) or len(set(keys.values())) != len(keys):
+    raise ValueError(f"a grid cell's keys must name each point of its grid once, each its own cell: points {labels}, "
+                     f"keys {keys}")
+
+
+def _grid_cells(keys: dict, summary: dict, run_dir: Path, config, record: Record) -> dict:
+  """The cells of one grid program: per point, ``keys[point label]`` -> a seeds cell of that point's lanes (as
+  :func:`_seed_cells`), recorded with the point's own config."""
+  from fedjax_robust.run import point_label
+  cells = {}
+  for point in summary["grid"]:
+    c = point_config(config, point)
+    cells[keys[point_label(point)]] = (_seed_cells(summary, run_dir / point_label(point), c, record), c)
+  return cells
+
+
+def run_cells(cells: Iterable[tuple[str | dict, object, Record]], out: Path, results_path: Path, results: dict,
               stop_after_s: float = 0.0) -> dict:
   """Runs each ``(key, config, record)`` cell into ``out/<key>/`` and stores ``record(summary, run_dir, config)``
   (a dict holding ``value``, optionally ``models``), the run's ``per_round_series`` and timing under
   ``results[key]``, rewriting
   ``results_path`` after every cell. ``wall_s`` is this call's time; a cell resumed from a checkpoint also records
-  ``resumed_from_round`` and ``run_wall_time_s``, the run's training time summed over every session."""
+  ``resumed_from_round`` and ``run_wall_time_s``, the run's training time summed over every session.
+
+  A grid program (``config.grid`` set: seeds x traced-hyperparameter lanes in ONE program, ``fedjax_robust.run``)
+  has as ``key`` a dict ``{point label: cell key}`` naming each point's cell (``run.point_label``); it runs into
+  ``out/<first key>__grid/`` and stores one seeds cell per point, recorded with that point's config, each with an
+  equal share of the program's wall, compile and run time (so a table's summed wall time counts the program once)
+  and ``program`` = the program's cells and whole times."""
   import jax
   from fedjax_robust.experiment import run_experiment
   start = time.perf_counter()
   source = provenance()  # the code this process runs: recorded now, not when a cell ends (HEAD may move meanwhile)
+  cells = list(cells)
+  for key, config, _ in cells:  # refused before anything runs
+    if isinstance(key, dict):
+      check_grid_keys(key, config)
   for key, config, record in cells:
     if stop_after_s and time.perf_counter() - start > stop_after_s:
       print(f"stopping before {key}: {stop_after_s:.0f} s budget spent", flush=True)
       break
     t0 = time.perf_counter()
+    if isinstance(key, dict):
+      run_dir = out / grid_program_dir(key)
+      summary = run_experiment(config, run_dir)
+      wall_s = time.perf_counter() - t0
+      made = _grid_cells(key, summary, run_dir, config, record)
+      share = 1.0 / len(made)
+      program = {"cells": list(made), "run_dir": run_dir.name, "wall_s": wall_s, "compile_s": summary["compile_s"],
+                 "run_s": summary["run_s"], "rounds_per_s": summary["rounds_per_s"]}
+      for k, (cell, c) in made.items():
+        cell.update(compile_s=summary["compile_s"] * share, run_s=summary["run_s"] * share, wall_s=wall_s * share,
+                    rounds_per_s=summary["rounds_per_s"], rounds=int(c.rounds), epochs=int(c.client.epochs),
+                    backend=jax.default_backend(), strategy=summary["strategy"], program=program,
+                    config=json.loads(c.to_json_best_effort()), **source)
+        results[k] = cell
+        print(cell_line(k, cell), flush=True)
+      results_path.write_text(json.dumps(results, indent=1))
+      continue
     summary = run_experiment(config, out / key)
     if config.get("seeds"):  # one vmapped program over the seeds: mean and std over their run directories
       cell = _seed_cells(summary, out / key, config, record)
@@ -339,8 +402,9 @@ def run_and_tabulate(cells, args, render: Callable[[dict], str], finish_cell: Ca
     run_cells(cells, out, results_path, results, args.stop_after_s)
     if finish_cell is not None:
       for key, _, _ in cells:
-        if key in results:
-          finish_cell(results[key])
+        for k in (key.values() if isinstance(key, dict) else [key]):  # a grid program's cells, one per point
+          if k in results:
+            finish_cell(results[k])
       results_path.write_text(json.dumps(results, indent=1))
   table = render(merged_results(out))
   (out / f"{args.mode}.md").write_text(table)

@@ -308,3 +308,60 @@ def test_a_figure_refuses_a_set_of_what_it_sets_per_cell(mode, item, monkeypatch
     t.main()
   assert f"--set {item} would replace it" in capsys.readouterr().err
   assert not any(tmp_path.iterdir())  # refused before any cell ran
+
+
+@pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP programs: both sides alike)
+def test_a_beta_sweep_as_one_program_stores_each_point_as_its_own_run_would(tmp_path):
+  """Fig. 6's ``--one_program``: β is traced, so a sweep is ONE seeds x β program (``grid.run_cells`` with a grid
+  cell); each point's stored cell equals a separate run at that β, under the key that run would have, with its own
+  config (β) and a share of the program's time."""
+  from test_experiment import digits_config
+
+  def fedcac(**kw):
+    return digits_config(rounds=3, eval_every=1, **{"algorithm.name": "fedcac", "client.momentum": 0.9,
+                                                     "client.lr": 0.05, "output.plots": False, **kw})
+
+  def record(summary, run_dir, config):  # the tables' record (t.record) less its protocol, which knows only CIFAR
+    rows = t.read_metrics(run_dir)
+    return {"value": t._best(rows, "client_acc_mean")[0], "recorded_beta": config.algorithm.fedcac.beta,
+            "curve": [r["client_acc_mean"] for r in rows if "client_acc_mean" in r]}
+
+  swept = fedcac()
+  swept.seeds, swept.grid = "0", "algorithm.fedcac.beta=1,3"
+  keys = {"algorithm.fedcac.beta=1": "digits__beta1", "algorithm.fedcac.beta=3": "digits__beta3"}
+  results = grid.run_cells([(keys, swept, record)], tmp_path, tmp_path / "results.json", {})
+  assert sorted(results) == ["digits__beta1", "digits__beta3"] and (tmp_path / "digits__beta1__grid").is_dir()
+  program = results["digits__beta1"]["program"]
+  assert program["cells"] == ["digits__beta1", "digits__beta3"] and results["digits__beta3"]["program"] == program
+  assert sum(results[k]["wall_s"] for k in results) == pytest.approx(program["wall_s"])
+  for beta in (1, 3):
+    cell = results[f"digits__beta{beta}"]
+    assert cell["config"]["algorithm"]["fedcac"]["beta"] == beta and cell["config"]["grid"] == ""
+    assert cell["seeds"] == [0] and cell["per_seed"]["0"]["recorded_beta"] == beta  # recorded with its own config
+    alone = grid.run_cells([("alone", fedcac(**{"algorithm.fedcac.beta": beta}), record)], tmp_path / f"b{beta}",
+                           tmp_path / f"b{beta}.json", {})["alone"]
+    assert cell["value"] == pytest.approx(alone["value"], abs=1e-4)
+    assert cell["per_seed"]["0"]["curve"] == pytest.approx(alone["curve"], abs=1e-6)
+  # the lanes really ran different β: after round 1 (t / β = 1 for β = 1) their curves part
+  assert results["digits__beta1"]["per_seed"]["0"]["curve"] != results["digits__beta3"]["per_seed"]["0"]["curve"]
+  for bad in ({"algorithm.fedcac.beta=1": "x"}, {**keys, "algorithm.fedcac.beta=3": "digits__beta1"}):
+    with pytest.raises(ValueError, match="name each point"):  # refused before the first cell runs
+      grid.run_cells([("first", fedcac(), record), (bad, swept, record)], tmp_path / "bad", tmp_path / "bad.json", {})
+  assert not (tmp_path / "bad").exists()
+  unswept = fedcac()
+  unswept.seeds = "0"
+  with pytest.raises(ValueError, match="need config.grid"):
+    grid.run_cells([(keys, unswept, record)], tmp_path / "bad", tmp_path / "bad.json", {})
+
+
+def test_the_fig6_program_keys_each_beta_as_its_own_cell_and_refuses_other_modes(monkeypatch, capsys):
+  keys, config, _ = t.beta_sweep_program("cifar10", [10, 100, 6], _args(seeds="0,1"))
+  assert config.grid == "algorithm.fedcac.beta=6,10,100" and config.seeds == "0,1"
+  assert keys == {"algorithm.fedcac.beta=6": "cifar10__dir0.1__fedcac_beta6",
+                  "algorithm.fedcac.beta=10": "cifar10__dir0.1__fedcac_beta10",
+                  "algorithm.fedcac.beta=100": "cifar10__dir0.1__fedcac"}  # CIFAR-10's own β: the plain cell
+  for argv in (["--mode", "fig5", "--one_program"], ["--mode", "fig6", "--one_program", "--one_seed_per_cell"]):
+    monkeypatch.setattr("sys.argv", ["fedcac_tables.py", "--datasets", "cifar10", *argv])
+    with pytest.raises(SystemExit):
+      t.main()
+    assert "--one_program: only --mode fig6" in capsys.readouterr().err
