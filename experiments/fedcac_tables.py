@@ -415,9 +415,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
   return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def setup_note(cells: list[dict], columns: list[tuple[str, str]], skip=()) -> str:
+def setup_note(cells: list[dict], columns: list[tuple[str, str]], skip=(), paper_numbers: bool = True) -> str:
   """Which runs the table's cells are: rounds / epochs / seeds / evaluation, reductions and changed τ / β (``*``;
-  less ``skip``, what the table varies itself), devices, wall time, and which columns have not run."""
+  less ``skip``, what the table varies itself), devices, wall time, and which columns have not run.
+  ``paper_numbers=False``: a figure's table, beside no number of the paper's."""
   runs, reduced = {}, {}
   for cell in cells:
     p = _protocol_of(cell)
@@ -436,7 +437,7 @@ def setup_note(cells: list[dict], columns: list[tuple[str, str]], skip=()) -> st
   if changed:
     lines.append("`*` also: FedCAC ran with " + "; ".join(changed) + ".")
   lines.append("Ours: best round's uniform mean client accuracy (after aggregation), mean ± std (ddof 0) over "
-               "seeds; paper: mean ± std over 5 runs." + (f" Devices: {', '.join(devices)}." if devices else "")
+               "seeds" + ("; paper: mean ± std over 5 runs." if paper_numbers else ".") + (f" Devices: {', '.join(devices)}." if devices else "")
                + (f" Wall time of these cells: {wall / 3600:.2f} h." if wall else ""))
   missing = [d for d in DATASETS if any(c[0] == d for c in columns) and not any(
       _protocol_of(c)["dataset"] == d for c in cells)]
@@ -651,7 +652,7 @@ def fig3(results: dict) -> str:
     checks += fig3_claims(results, d)
   if not present:
     return "(no Fig. 3 cell in these results)\n"
-  return "\n".join(lines + ["", setup_note(present, [], FIG3_SKIP), "", "The paper's ordering (curves only, no numbers):",
+  return "\n".join(lines + ["", setup_note(present, [], FIG3_SKIP, paper_numbers=False), "", "The paper's ordering (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 
@@ -669,7 +670,7 @@ def _sweep_table(results: dict, field: str, title: str) -> str:
       checks += sweep_claims(results, d, field)
   if not present:
     return f"(no {title.split(' —')[0]} cell in these results)\n"
-  return "\n".join(lines + ["", setup_note(present, [], (field,)), "", "The paper's shape (curves only, no numbers):",
+  return "\n".join(lines + ["", setup_note(present, [], (field,), paper_numbers=False), "", "The paper's shape (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 
