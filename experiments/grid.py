@@ -317,8 +317,8 @@ def _grid_cells(keys: dict, summary: dict, run_dir: Path, config, record: Record
   from fedjax_robust.run import point_label
   cells = {}
   for point in summary["grid"]:
-    c = point_config(config, point)
-    cells[keys[point_label(point)]] = (_seed_cells(summary, run_dir / point_label(point), c, record), c)
+    label, c = point_label(point), point_config(config, point)
+    cells[keys[label]] = (_seed_cells(summary, run_dir / label, c, record), c)
   return cells
 
 
@@ -348,36 +348,33 @@ def run_cells(cells: Iterable[tuple[str | dict, object, Record]], out: Path, res
       print(f"stopping before {key}: {stop_after_s:.0f} s budget spent", flush=True)
       break
     t0 = time.perf_counter()
-    if isinstance(key, dict):
+    grid_program = isinstance(key, dict)
+    if grid_program:
       run_dir = out / grid_program_dir(key)
       summary = run_experiment(config, run_dir)
-      wall_s = time.perf_counter() - t0
       made = _grid_cells(key, summary, run_dir, config, record)
-      share = 1.0 / len(made)
-      program = {"cells": list(made), "run_dir": run_dir.name, "wall_s": wall_s, "compile_s": summary["compile_s"],
-                 "run_s": summary["run_s"], "rounds_per_s": summary["rounds_per_s"]}
-      for k, (cell, c) in made.items():
-        cell.update(compile_s=summary["compile_s"] * share, run_s=summary["run_s"] * share, wall_s=wall_s * share,
-                    rounds_per_s=summary["rounds_per_s"], rounds=int(c.rounds), epochs=int(c.client.epochs),
-                    backend=jax.default_backend(), strategy=summary["strategy"], program=program,
-                    config=json.loads(c.to_json_best_effort()), **source)
-        results[k] = cell
-        print(cell_line(k, cell), flush=True)
-      results_path.write_text(json.dumps(results, indent=1))
-      continue
-    summary = run_experiment(config, out / key)
-    if config.get("seeds"):  # one vmapped program over the seeds: mean and std over their run directories
-      cell = _seed_cells(summary, out / key, config, record)
-      cell.update(compile_s=summary["compile_s"], run_s=summary["run_s"])
     else:
-      cell = {**per_round_series(out / key), **record(summary, out / key, config)}
-    cell.update(wall_s=time.perf_counter() - t0, rounds_per_s=summary["rounds_per_s"], rounds=int(config.rounds),
-                epochs=int(config.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"],
-                config=json.loads(config.to_json_best_effort()), **source)
-    if summary.get("resumed_from_round"):  # wall_s is this invocation only; the run's own clock spans every session
-      cell.update(resumed_from_round=summary["resumed_from_round"], run_wall_time_s=summary["wall_time_s"])
-    results[key] = cell
-    print(cell_line(key, cell), flush=True)
+      summary = run_experiment(config, out / key)
+      if config.get("seeds"):  # one vmapped program over the seeds: mean and std over their run directories
+        made = {key: (_seed_cells(summary, out / key, config, record), config)}
+      else:
+        made = {key: ({**per_round_series(out / key), **record(summary, out / key, config)}, config)}
+    wall_s = time.perf_counter() - t0
+    share = 1.0 / len(made)  # a grid program's cells split its times, so that summing cells counts it once
+    for k, (cell, c) in made.items():
+      if grid_program or config.get("seeds"):
+        cell.update(compile_s=summary["compile_s"] * share, run_s=summary["run_s"] * share)
+      cell.update(wall_s=wall_s * share, rounds_per_s=summary["rounds_per_s"], rounds=int(c.rounds),
+                  epochs=int(c.client.epochs), backend=jax.default_backend(), strategy=summary["strategy"],
+                  config=json.loads(c.to_json_best_effort()), **source)
+      if grid_program:
+        cell["program"] = {"cells": list(made), "run_dir": grid_program_dir(key), "wall_s": wall_s,
+                           "compile_s": summary["compile_s"], "run_s": summary["run_s"],
+                           "rounds_per_s": summary["rounds_per_s"]}
+      if summary.get("resumed_from_round"):  # wall_s is this invocation only; the run's clock spans every session
+        cell.update(resumed_from_round=summary["resumed_from_round"], run_wall_time_s=summary["wall_time_s"])
+      results[k] = cell
+      print(cell_line(k, cell), flush=True)
     results_path.write_text(json.dumps(results, indent=1))
   return results
 
