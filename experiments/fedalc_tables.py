@@ -417,8 +417,6 @@ TABLES = {"table1": table1, "table2": table2}
 def table_from_json(paths, mode: str) -> str:
   """The mode's table from one stored results file or several (a comma-separated string or a list): a cell found
   as one-seed cells in several files is pooled into mean ± std over those seeds (``grid.load_pooled``)."""
-  if isinstance(paths, (str, Path)):
-    paths = [p for p in str(paths).split(",") if p]
   return TABLES[mode](grid.load_pooled(paths))
 
 

@@ -755,8 +755,10 @@ TABLES = {"table1": table1, "table2": table2, "table3": table3, "fig3": fig3, "f
 FIGURES = {"fig3": fig3_figure, "fig5": fig5_figure, "fig6": fig6_figure}
 
 
-def table_from_json(path, mode: str) -> str:
-  return TABLES[mode](json.loads(Path(path).read_text()))
+def table_from_json(paths, mode: str) -> str:
+  """The mode's table from one stored results file or several (``grid.load_pooled``; ``path::key1+key2`` takes
+  only those cells of a file: Fig. 6 reuses Fig. 5's plain cell, which ran at the β it sweeps)."""
+  return TABLES[mode](grid.load_pooled(paths))
 
 
 def _names(value: str) -> list[str]:
@@ -776,7 +778,8 @@ def main():
   parser.add_argument("--one_seed_per_cell", action="store_true",
                       help="run each of --seeds as its own plain run, keyed <cell>__seed<k> (the tables merge them): "
                       "unlike the one vmapped seeds program, such cells can --checkpoint_every / --resume")
-  parser.add_argument("--from_json", default=None, help="print the mode's table from a stored results file and exit")
+  parser.add_argument("--from_json", default=None, help="print the mode's table from stored results files "
+                      "(comma-separated; path::key1+key2 takes only those cells) and exit")
   parser.add_argument("--taus", default=",".join(f"{v:g}" for v in FIG5_TAUS), help="--mode fig5: the τ values")
   parser.add_argument("--betas", default=",".join(f"{v:g}" for v in FIG6_BETAS), help="--mode fig6: the β values")
   parser.add_argument("--figure", default="", help="fig3 / fig5 / fig6: also draw the figure to this PNG (+SVG)")
@@ -791,7 +794,7 @@ def main():
   if args.from_json:
     print(table_from_json(args.from_json, args.mode), end="")
     if args.figure:
-      FIGURES[args.mode](json.loads(Path(args.from_json).read_text()), Path(args.figure))
+      FIGURES[args.mode](grid.load_pooled(args.from_json), Path(args.figure))
     return
   datasets, methods = _names(args.datasets), _names(args.methods)
   bad = [d for d in datasets if d not in DATASETS] + [m for m in methods if method_variant(m)[0] not in

@@ -411,16 +411,10 @@ def figure_of(mode: str):
   return FIGURES[mode]
 
 
-def load_results(paths) -> dict:
-  """The cells of one stored results file or several (a comma-separated string or a list): a key stored as one-seed
-  cells in several files is pooled into mean ± std over their seeds (``grid.load_pooled``)."""
-  if isinstance(paths, (str, Path)):
-    paths = [p for p in str(paths).split(",") if p]
-  return grid.load_pooled(paths)
-
-
 def table_from_json(paths, mode: str) -> str:
-  return TABLES[mode](load_results(paths))
+  """The mode's table from one stored results file or several (``grid.load_pooled``: a key stored as one-seed cells
+  in several files is pooled into mean ± std over their seeds)."""
+  return TABLES[mode](grid.load_pooled(paths))
 
 
 def main():
@@ -445,7 +439,7 @@ def main():
   if args.from_json:
     print(table_from_json(args.from_json, args.mode), end="")
     if args.figure:
-      figure_of(args.mode)(load_results(args.from_json), Path(args.figure))
+      figure_of(args.mode)(grid.load_pooled(args.from_json), Path(args.figure))
     return
   logging.basicConfig(level=logging.WARNING)
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)

@@ -266,11 +266,13 @@ def pool_seed_cells(cells: list[dict]) -> dict:
   return cell
 
 
-def load_pooled(paths: Iterable) -> dict:
-  """The cells of several stored results files; a key that holds one-seed cells in more than one file is pooled
-  into one seeds cell (:func:`pool_seed_cells`). Any other key found twice is refused (which one would a table
-  show?). An entry ``path::key1+key2`` takes only those keys from that file (a file that also holds cells not
-  meant for this table)."""
+def load_pooled(paths) -> dict:
+  """The cells of one stored results file or several (a list, or a comma-separated string: a table script's
+  ``--from_json``); a key that holds one-seed cells in more than one file is pooled into one seeds cell
+  (:func:`pool_seed_cells`). Any other key found twice is refused (which one would a table show?). An entry
+  ``path::key1+key2`` takes only those keys from that file (a file that also holds cells not meant for this table)."""
+  if isinstance(paths, (str, Path)):
+    paths = [p for p in str(paths).split(",") if p]
   found: dict[str, list[dict]] = {}
   for entry in paths:
     path, _, keys = str(entry).partition("::")

@@ -77,6 +77,9 @@ def test_load_pooled_takes_only_the_named_keys_of_a_file(tmp_path):
   assert list(cells) == ["a"] and cells["a"]["seeds"] == [0, 1] and cells["a"]["value"] == 86.0
   with pytest.raises(KeyError, match="no cell"):
     grid.load_pooled([f"{big}::a+c"])
+  # a table script's --from_json: the same, as one comma-separated string
+  assert grid.load_pooled(f"{big}::a,{single}") == cells
+  assert sorted(grid.load_pooled(str(big))) == ["a", "b"]
 
 
 def test_a_pooled_cell_keeps_the_setting_once_not_as_a_statistic():
