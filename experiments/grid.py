@@ -181,12 +181,13 @@ def provenance() -> dict:
 
 
 def save_figure(fig, path) -> None:
-  """A table script's figure as ``path`` (PNG, 120 dpi) and the same name with ``.svg``, its folder made."""
+  """A table script's figure as ``path`` (PNG, 120 dpi) and the same name with ``.svg``, its folder made; the
+  saved area grows to hold a legend placed outside the axes (which ``tight_layout`` alone would cut off)."""
   path = Path(path)
   fig.tight_layout()
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  fig.savefig(path.with_suffix(".svg"))
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  fig.savefig(path.with_suffix(".svg"), bbox_inches="tight")
 
 
 def store_json(path, result: dict, indent: int = 1) -> None:

@@ -113,6 +113,23 @@ def test_fig3_table_reads_the_rounds_around_each_attack():
   assert not math.isnan(T._reduced_note(results).count("60"))
 
 
+def test_fig5_figure_names_a_curve_that_is_another_rows_exactly(tmp_path, monkeypatch):
+  """"w/o Shapley value" applies no hotfix (spec A14), so its curve IS "aggregation only": drawn on top of each other,
+  one would vanish; the figure says which row it equals and dots it over the other."""
+  acc = [0.5, 0.6, 0.1, 0.7]
+  results = {T.cell_key("mnist", "sigma900", m, attack=True): {**_cell(acc), "rounds": 4}
+             for m in ("fedvsa_no_shapley", "fedvsa_aggregation_only")}
+  results[T.cell_key("mnist", "sigma900", "fedvsa", attack=True)] = {**_cell([0.5, 0.6, 0.1, 0.8]), "rounds": 4}
+  saved = {}
+  monkeypatch.setattr(T.grid, "save_figure", lambda fig, path: saved.update(fig=fig))
+  T.fig3_figure(results, tmp_path / "fig5.png", T.ABLATIONS)
+  lines = {line.get_label(): line.get_linestyle() for line in saved["fig"].axes[0].get_lines()
+           if not line.get_label().startswith("_")}
+  twin = [label for label in lines if "(= " in label]
+  assert twin == [f"{T.LABELS['fedvsa_aggregation_only']} (= {T.LABELS['fedvsa_no_shapley']})"]
+  assert lines[twin[0]] != "-" and lines[T.LABELS["fedvsa"].strip("*")] == "-"  # FedVSA differs: drawn as itself
+
+
 def test_table5_parts_separate_fedvsas_weighting_from_its_detection():
   """The parts block under Table 5: last-10 means of FedAvg / aggregation only / full FedVSA, and from the full
   run's log the audit's alarms, the benign updates flagged and the accuracy change in repairing rounds."""
