@@ -373,11 +373,12 @@ def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
       if d == dataset:
         acc = 100 * np.asarray(cell["global_test_acc_per_round"])
         horizon = max(horizon, len(acc))
-        label, style = LABELS[method].strip("*"), "-" if "fedvsa" in method else "--"
+        name, style = LABELS[method].strip("*"), "-" if "fedvsa" in method else "--"
         twin = next((other for other, curve in drawn if np.array_equal(curve, acc)), None)
+        label = name
         if twin:  # e.g. "w/o Shapley value" applies no hotfix, so it IS "aggregation only" (spec A14): say so, and
-          label, style = f"{label} (= {twin})", (0, (2, 2))  # dot it over the other so both stay visible
-        drawn.append((LABELS[method].strip("*"), acc))
+          label, style = f"{name} (= {twin})", (0, (2, 2))  # dot it over the other so both stay visible
+        drawn.append((name, acc))
         ax.plot(np.arange(1, len(acc) + 1), acc, label=label, lw=2.2 if "fedvsa" in method else 1.1, ls=style)
     attacks = [t for t in ATTACK_ROUNDS if t <= horizon]
     for t in attacks:
