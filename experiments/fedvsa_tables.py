@@ -46,13 +46,14 @@ FIG3_METHODS = ("fedavg", "multi_krum", "zeno", "median", "dnc", "rfa", "fedvsa"
                 "fedvsa_skip_pcl", "fedvsa_skip_eps10")
 # Fig. 5 (detection ablations under the same attack) and Fig. 4 (no clipping).
 ABLATIONS = ("fedvsa", "fedvsa_no_audit", "fedvsa_no_shapley", "fedvsa_aggregation_only", "fedvsa_noclip",
-             "fedvsa_skip", "fedvsa_retrain", "fedvsa_skip_pcl", "fedvsa_skip_eps10")
+             "fedvsa_no_audit_eps10", "fedvsa_skip", "fedvsa_retrain", "fedvsa_skip_pcl", "fedvsa_skip_eps10")
 LABELS.update({"fedvsa_no_audit": "FedVSA w/o loss comparison", "fedvsa_no_shapley": "FedVSA w/o Shapley value",
                "fedvsa_aggregation_only": "FedVSA aggregation only", "fedvsa_noclip": "FedVSA w/o clipping",
                "fedvsa_skip": "FedVSA, repairing round skipped",
                "fedvsa_retrain": "FedVSA, repaired before training (two-phase)",
                "fedvsa_skip_pcl": "FedVSA, skipped + per-client audit",
-               "fedvsa_skip_eps10": "FedVSA, skipped, flagged only below -0.1"})
+               "fedvsa_skip_eps10": "FedVSA, skipped, flagged only below -0.1",
+               "fedvsa_no_audit_eps10": "FedVSA w/o loss comparison, flagged only below -0.1"})
 ATTACK_ROUNDS = (10, 25, 50)
 NONE = None  # the paper's ">1000"
 

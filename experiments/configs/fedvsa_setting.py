@@ -70,6 +70,9 @@ METHODS = {
     # benign clients' values of -0.01 to -0.09 in the reduced Fig. 3 run no longer count (spec A5 / eps = 0 is the
     # paper's rule; this is the sensitivity check of that choice).
     "fedvsa_skip_eps10": ("fedvsa", {"repaired_round": "skip", "flag_eps": 0.1}, {}),
+    # Fig. 5's "w/o loss comparison" (Shapley every round) with the same -0.1 threshold: is the paper's "smoother"
+    # a matter of which small negative values count as harmful?
+    "fedvsa_no_audit_eps10": ("fedvsa", {"detection": "no_audit", "flag_eps": 0.1}, {}),
     # Two-phase round: the cohort reports, the server audits and repairs, then the cohort trains from the repaired
     # model (the engine's review phase; algorithms/fedvsa.py).
     "fedvsa_retrain": ("fedvsa", {"repaired_round": "retrain"}, {}),
