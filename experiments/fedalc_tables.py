@@ -289,6 +289,18 @@ def _calibration_note(cfg: dict) -> str:
                    for key, default in OBJECTIVES["fedalc"].options.items() if key in ours and ours[key] != default)
 
 
+def _start_note(cfg: dict) -> str:
+  """Where a ResNet-18 cell's weights started: the paper's Table II fine-tunes an ImageNet-pretrained ResNet-18
+  (spec §4.3), which cannot be downloaded here, so a cell without ``model.pretrained`` is a from-scratch stand-in
+  and its row must say so."""
+  model = cfg.get("model", {})
+  if model.get("name") != "resnet18":
+    return ""
+  if model.get("pretrained"):
+    return f"ResNet-18 started from {model['pretrained']} (paper: ImageNet-pretrained)"
+  return "ResNet-18 from random init, a STAND-IN for the paper's ImageNet-pretrained one (not available offline)"
+
+
 def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
   """Which runs the table's cells are, and which ± it shows; when the cells ran in different ways and ``labels``
   name their rows, each way says which rows it covers."""
@@ -300,7 +312,8 @@ def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
     line = (f"{p['rounds']} rounds x E = {p['epochs']}"
             + (f" (REDUCED from the paper's {p['paper_rounds']} x {p['paper_epochs']})" if p["reduced"] else "")
             + f", mean over the evaluated rounds of the last {p['last_rounds']}, {n_seeds(cell)} seed(s){pooled}")
-    notes = [n for n in (_robust_note(cell.get("config", {})), _calibration_note(cell.get("config", {}))) if n]
+    cfg = cell.get("config", {})
+    notes = [n for n in (_robust_note(cfg), _calibration_note(cfg), _start_note(cfg)) if n]
     runs.setdefault(line + "".join(f"; {n}" for n in notes), []).append(labels[i] if labels else "")
   if labels and len(runs) > 1:
     runs = {f"{line} [{', '.join(rows)}]": rows for line, rows in runs.items()}

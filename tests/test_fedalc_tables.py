@@ -219,6 +219,18 @@ def test_setup_note_names_a_non_default_fedalc_calibration():
   assert "calib_variant = eq5_literal (spec default inv_sqrt_freq)" in note
 
 
+def test_setup_note_says_where_a_resnet18_cell_started():
+  """Table II's ResNet-18 is ImageNet-pretrained in the paper: a cell without ``model.pretrained`` is labelled a
+  from-scratch stand-in, one with it names the file; the CNN cells of Table I say nothing."""
+  scratch = t.cell_config("cifar10", 0.1, "fedavg", _args(seeds="")).to_dict()
+  loaded = t.cell_config("cifar10", 0.1, "fedavg", _args(seeds="", set=["model.pretrained=r18.msgpack"])).to_dict()
+  cnn = t.cell_config("mnist", 0.1, "fedavg", _args(seeds="")).to_dict()
+  assert "STAND-IN" in t._start_note(scratch) and "random init" in t._start_note(scratch)
+  assert t._start_note(loaded) == "ResNet-18 started from r18.msgpack (paper: ImageNet-pretrained)"
+  assert t._start_note(cnn) == ""
+  assert "random init, a STAND-IN" in t.setup_note([{**_cell(50.0, seeds=[0]), "config": scratch}])
+
+
 def test_record_keeps_the_window_mean_of_each_class_and_the_worst_class():
   """With ``eval.metrics=...,class_accuracy``: ``class_acc`` = each class's mean over the window's evaluated rounds
   (None for a class without test rows), ``worst_class`` the window mean of the worst-class accuracy."""
