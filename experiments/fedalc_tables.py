@@ -297,7 +297,7 @@ def _start_note(cfg: dict) -> str:
   if model.get("name") != "resnet18":
     return ""
   if model.get("pretrained"):
-    return f"ResNet-18 started from {model['pretrained']} (paper: ImageNet-pretrained)"
+    return f"ResNet-18 started from {Path(str(model['pretrained'])).name} (paper: ImageNet-pretrained)"
   return "ResNet-18 from random init, a STAND-IN for the paper's ImageNet-pretrained one (not available offline)"
 
 

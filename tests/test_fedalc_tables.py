@@ -223,7 +223,7 @@ def test_setup_note_says_where_a_resnet18_cell_started():
   """Table II's ResNet-18 is ImageNet-pretrained in the paper: a cell without ``model.pretrained`` is labelled a
   from-scratch stand-in, one with it names the file; the CNN cells of Table I say nothing."""
   scratch = t.cell_config("cifar10", 0.1, "fedavg", _args(seeds="")).to_dict()
-  loaded = t.cell_config("cifar10", 0.1, "fedavg", _args(seeds="", set=["model.pretrained=r18.msgpack"])).to_dict()
+  loaded = t.cell_config("cifar10", 0.1, "fedavg", _args(seeds="", set=["model.pretrained=/somewhere/r18.msgpack"])).to_dict()
   cnn = t.cell_config("mnist", 0.1, "fedavg", _args(seeds="")).to_dict()
   assert "STAND-IN" in t._start_note(scratch) and "random init" in t._start_note(scratch)
   assert t._start_note(loaded) == "ResNet-18 started from r18.msgpack (paper: ImageNet-pretrained)"
