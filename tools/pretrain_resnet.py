@@ -161,6 +161,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
 
   started = time.time()
+  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+  from grid import provenance, store_json  # noqa: E402  (experiments/grid.py: command, commit, device)
+  origin = provenance()  # the commit the run starts from (the tree may move on during a long run)
   raw = load_raw(args.dataset, args.data_dir)
   x_train, y_train = pixels(raw.x_train), np.asarray(raw.y_train, np.int32)
   x_test, y_test = pixels(raw.x_test), np.asarray(raw.y_test, np.int32)
@@ -175,15 +178,13 @@ def main(argv=None) -> int:
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
   save_variables(variables, out)
-  sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-  from grid import provenance, store_json  # noqa: E402  (experiments/grid.py: command, commit, device)
   store_json(out.with_name(out.name + ".json"), {
       "file": out.name, "sha256": hashlib.sha256(out.read_bytes()).hexdigest(), "model": args.model,
       "dataset": args.dataset, "source": raw.source, "num_classes": raw.num_classes,
       "train_examples": len(x_train), "test_examples": len(x_test), "input_stats": args.input_stats,
       "options": {k: v for k, v in vars(args).items() if k not in ("data_dir", "out")},
       "history": history, "test_acc": history[-1]["test_acc"], "wall_s": time.time() - started,
-      **provenance()})
+      **origin})
   print(f"wrote {out} (final test accuracy {history[-1]['test_acc']:.2f}%)")
   return 0
 
