@@ -60,5 +60,6 @@ def test_pretrain_learns_and_writes_a_checkpoint_the_experiment_loads(tmp_path):
 
 def test_input_stats_must_match_the_channels():
   tool = _tool()
-  with pytest.raises(ValueError, match="3 channels, images have 1"):
-    tool.build_model("resnet8", 10, ((0.5, 0.5, 0.5), (0.2, 0.2, 0.2)), np.zeros((2, 8, 8, 1), np.float32))
+  from fedjax_robust.data.registry import get_spec
+  with pytest.raises(ValueError, match="has 3 channel statistics, the data 1"):
+    tool.build_model("resnet8", 10, "imagenet", get_spec("digits"))

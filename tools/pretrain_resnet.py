@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,15 +35,13 @@ import optax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedjax_robust.data.augment import random_crop, random_flip  # noqa: E402
+from fedjax_robust.data.registry import DatasetSpec  # noqa: E402
 from fedjax_robust.data.sources import load_raw  # noqa: E402
-from fedjax_robust.experiment import INPUT_STATS  # noqa: E402
+from fedjax_robust.data.transforms import normalize_images  # noqa: E402
+from fedjax_robust.experiment import INPUT_STATS, input_normalization  # noqa: E402
+from fedjax_robust.metrics.evaluation import score_one  # noqa: E402
 from fedjax_robust.models.interface import Model, make_model, with_input_normalization  # noqa: E402
 from fedjax_robust.models.resnet import RESNETS, save_variables  # noqa: E402
-
-
-def pixels(x: np.ndarray) -> np.ndarray:
-  """Images as float32 in [0, 1] (uint8 files are divided by 255)."""
-  return (x.astype(np.float32) / 255.0) if x.dtype == np.uint8 else x.astype(np.float32)
 
 
 def subset(x: np.ndarray, y: np.ndarray, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -56,22 +53,17 @@ def subset(x: np.ndarray, y: np.ndarray, n: int, seed: int) -> tuple[np.ndarray,
   return x[rows], y[rows]
 
 
-def build_model(name: str, num_classes: int, input_stats: Optional[tuple], x_sample: np.ndarray) -> Model:
-  """The named ResNet as a ``Model``, preceded by ``(x - mean) / std`` when ``input_stats`` is given."""
-  model = make_model(RESNETS[name](num_classes=num_classes))
-  if input_stats is None:
-    mean, std = x_sample.mean(axis=(0, 1, 2)), x_sample.std(axis=(0, 1, 2))
-  else:
-    mean, std = input_stats
-  if len(mean) != x_sample.shape[-1]:
-    raise ValueError(f"input statistics for {len(mean)} channels, images have {x_sample.shape[-1]}: "
-                     "use --input_stats dataset")
-  return with_input_normalization(model, mean, std)
+def build_model(name: str, num_classes: int, input_stats: str, spec: DatasetSpec) -> Model:
+  """The named ResNet as a ``Model`` preceded by ``(x - mean) / std`` with ``input_stats``' statistics (``dataset``:
+  ``spec``'s), checked against the images' channels as an experiment's ``model.input_stats`` is."""
+  norm = {"mode": "model", "mean": tuple(spec.mean), "std": tuple(spec.std)}
+  mean, std = input_normalization(norm, input_stats, int(spec.image_shape[-1]))
+  return with_input_normalization(make_model(RESNETS[name](num_classes=num_classes)), mean, std)
 
 
 def make_steps(model: Model, optimizer: optax.GradientTransformation, crop_padding: int):
   """Jitted ``train_step(variables, opt_state, x, y, key) -> (variables, opt_state, loss)`` and
-  ``predict(variables, x) -> labels`` (eval mode: running BatchNorm statistics)."""
+  ``accuracy(variables, x, y) -> %`` (eval mode: running BatchNorm statistics; in batches of 500 rows)."""
 
   def loss_fn(params, state, x, y):
     logits, new_state = model.apply({"params": params, **state}, x, train=True)
@@ -90,22 +82,10 @@ def make_steps(model: Model, optimizer: optax.GradientTransformation, crop_paddi
     return {"params": optax.apply_updates(params, updates), **new_state}, opt_state, loss
 
   @jax.jit
-  def predict(variables, x):
-    return jnp.argmax(model.apply(variables, x, train=False)[0], axis=-1)
+  def accuracy(variables, x, y):
+    return 100.0 * score_one(lambda v, xb: model.apply(v, xb)[0], variables, x, y, batch_size=500).accuracy
 
-  return train_step, predict
-
-
-def accuracy(predict: Callable, variables, x: np.ndarray, y: np.ndarray, batch_size: int = 500) -> float:
-  """Top-1 accuracy in % over ``x`` in batches (the last one padded, its padding not counted)."""
-  correct = 0
-  for start in range(0, len(x), batch_size):
-    xb = x[start:start + batch_size]
-    n = len(xb)
-    if n < batch_size:
-      xb = np.concatenate([xb, np.zeros((batch_size - n,) + xb.shape[1:], xb.dtype)])
-    correct += int((np.asarray(predict(variables, xb))[:n] == y[start:start + n]).sum())
-  return 100.0 * correct / max(len(x), 1)
+  return train_step, accuracy
 
 
 def train_central(model: Model, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray, *,
@@ -123,7 +103,7 @@ def train_central(model: Model, x_train: np.ndarray, y_train: np.ndarray, x_test
   key, k_init = jax.random.split(key)
   variables = dict(model.init(k_init, jnp.asarray(x_train[:1])))
   opt_state = optimizer.init(variables["params"])
-  train_step, predict = make_steps(model, optimizer, crop_padding)
+  train_step, accuracy = make_steps(model, optimizer, crop_padding)
   rng = np.random.default_rng(seed)
   history = []
   for epoch in range(1, epochs + 1):
@@ -135,7 +115,7 @@ def train_central(model: Model, x_train: np.ndarray, y_train: np.ndarray, x_test
       variables, opt_state, loss = train_step(variables, opt_state, x_train[rows], y_train[rows], k_step)
       losses.append(loss)
     record = {"epoch": epoch, "train_loss": float(np.mean(jax.device_get(losses))),
-              "test_acc": accuracy(predict, variables, x_test, y_test), "seconds": time.time() - start}
+              "test_acc": float(accuracy(variables, x_test, y_test)), "seconds": time.time() - start}
     history.append(record)
     log(f"epoch {epoch}/{epochs}: train loss {record['train_loss']:.4f}, test accuracy {record['test_acc']:.2f}% "
         f"({record['seconds']:.0f} s)")
@@ -165,11 +145,11 @@ def main(argv=None) -> int:
   from grid import provenance, store_json  # noqa: E402  (experiments/grid.py: command, commit, device)
   origin = provenance()  # the commit the run starts from (the tree may move on during a long run)
   raw = load_raw(args.dataset, args.data_dir)
-  x_train, y_train = pixels(raw.x_train), np.asarray(raw.y_train, np.int32)
-  x_test, y_test = pixels(raw.x_test), np.asarray(raw.y_test, np.int32)
+  x_train, y_train = normalize_images(raw.x_train, raw.spec, "model"), np.asarray(raw.y_train, np.int32)
+  x_test, y_test = normalize_images(raw.x_test, raw.spec, "model"), np.asarray(raw.y_test, np.int32)
   x_train, y_train = subset(x_train, y_train, args.train_examples, args.seed)
   x_test, y_test = subset(x_test, y_test, args.test_examples, args.seed)
-  model = build_model(args.model, raw.num_classes, INPUT_STATS[args.input_stats], x_train)
+  model = build_model(args.model, raw.num_classes, args.input_stats, raw.spec)
   print(f"{args.model} on {args.dataset} ({raw.source}): {len(x_train)} training / {len(x_test)} test images, "
         f"{args.epochs} epochs")
   variables, history = train_central(model, x_train, y_train, x_test, y_test, epochs=args.epochs,
