@@ -101,6 +101,34 @@ def test_strip_clears_outputs():
   assert dirty_cells(strip(nb)) == [] and nb["cells"][0]["metadata"] == {"tags": ["parameters"]}
 
 
+# ------------------------------------------------------------------------------------------ install cell
+def install_cell(path: Path) -> str:
+  """The source of a notebook's install cell: the one that finds the checkout around it or clones REPO_URL."""
+  nb = json.loads(path.read_text())
+  cells = [src for src in ("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+           if "def find_checkout" in src]
+  assert len(cells) == 1, f"{path.name}: {len(cells)} install cells, expected one"
+  return cells[0]
+
+
+@pytest.mark.parametrize("path", notebook_paths(), ids=lambda p: p.name)
+def test_install_cell_outside_a_checkout(path, tmp_path, monkeypatch):
+  """As on Colab, no checkout around the notebook: without REPO_URL the cell stops with one line that says to
+  set it (the project names no public address); with it, the cell clones it (this checkout, by path) and skips
+  pip, fedjax_robust being importable here."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", list(sys.path))  # the cell puts its checkout first on sys.path
+  source = install_cell(path)
+  with pytest.raises(RuntimeError, match="set REPO_URL in the parameters cell"):
+    exec(source, {"REPO_URL": ""})
+  assert not (tmp_path / "fedjax_robust_repo").exists()
+  namespace = {"REPO_URL": str(ROOT)}
+  exec(source, namespace)
+  clone = tmp_path / "fedjax_robust_repo"
+  assert namespace["REPO"] == clone and (clone / "experiments" / "configs").is_dir()
+  assert sys.path[0] == str(clone)
+
+
 # ------------------------------------------------------------------------------------------ executed
 def with_parameters(nb, params: dict):
   """A copy of ``nb`` with a cell assigning ``params`` right after its ``parameters`` cell (papermill's way)."""
