@@ -136,7 +136,11 @@ def default_config() -> ml_collections.ConfigDict:
       "seed": 0,  # which clients are malicious
       "legacy_numpy_selection": False,  # FedCAP's np.random.seed(seed); choice(K, int(K*p)) ids
       "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above
-      "fields": "delta",  # upload fields the model attack poisons, comma-separated (e.g. "delta,loss")
+      # Upload fields poisoned, comma-separated: "field" by the attack above, "field=attack" by an attack of its own
+      # with its parameters in field_params.<field> (e.g. "delta,loss=exaggerate": FedVSA's boosted model and an
+      # exaggerated loss report, spec §2).
+      "fields": "delta",
+      "field_params": ml_collections.ConfigDict(),
       "data": ml_collections.ConfigDict(attacks.default_poison_config()),  # data poisoning: kind none | label_flip | backdoor | dba
       # Client-side attack: the attackers' own local procedure (attacks/client_attacks.py); 0 = the attack's
       # default. backdoor_training = FedCC's targeted attack (spec §2.4): `epochs` (6) x [an epoch on their data,
@@ -350,7 +354,7 @@ def _is_default_mean(agg_cfg) -> bool:
   return agg_cfg is None or (agg_cfg.get("name") == "mean" and set(agg_cfg.keys()) <= {"name"})
 
 
-OPEN_GROUPS = ("aggregator", "attack.params", "model")  # config groups whose fields depend on the chosen rule
+OPEN_GROUPS = ("aggregator", "attack.params", "attack.field_params", "model")  # fields depend on the chosen rule
 
 
 def parse_override_value(text: str):
@@ -433,8 +437,10 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   attack_cfg = config.get("attack")
   malicious, attack, backdoor, attack_data = None, None, None, None
   client_attack = client_attack_from_config(attack_cfg.get("client")) if attack_cfg is not None else None
+  attack_fields, field_attacks = ((), {}) if attack_cfg is None else attacks.upload_fields_from_config(
+      attack_cfg.get("fields", "delta"), attack_cfg.get("field_params"))
   if attack_cfg is not None and (attack_cfg.name != "none" or attack_cfg.data.kind != "none"
-                                 or client_attack is not None):
+                                 or client_attack is not None or field_attacks):
     malicious = malicious_from_config(attack_cfg, data.num_clients)
     if not malicious.any():
       raise ValueError(f"attack {attack_cfg.name!r} / data poisoning {attack_cfg.data.kind!r} is set but no client "
@@ -537,9 +543,8 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
 
   algorithm = algorithm_with()
   transform = None
-  if attack is not None:
-    fields = tuple(f for f in str(attack_cfg.get("fields", "delta")).replace(" ", "").split(",") if f)
-    transform = attacks.as_upload_transform(attack, malicious, fields=fields)
+  if attack is not None or field_attacks:
+    transform = attacks.as_upload_transform(attack, malicious, fields=attack_fields, field_attacks=field_attacks)
   sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort,
                                 attack_fraction=0.0 if malicious is None else float(malicious.mean()))
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,

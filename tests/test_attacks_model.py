@@ -349,6 +349,51 @@ def test_fang_trimmed_mean_model_space_compat_and_partial():
   assert np.all(np.where(sp < 0, (z >= 3 - 1e-3) & (z <= 4 + 1e-3), (z <= -3 + 1e-3) & (z >= -4 - 1e-3)))
 
 
+def test_exaggerate_sends_kappa_times_the_largest_finite_benign_value():
+  """FedVSA spec §2 option "exaggerate": the attacker reports kappa x the largest benign report (by hand)."""
+  loss = jnp.array([0.7, 2.0, jnp.inf, 3.0, 9.0], jnp.float32)
+  mal = mal_mask(5, [0])
+  mask = jnp.array([True, True, True, True, False])  # row 4 does not take part: its 9.0 is no reference
+  out = np.asarray(jax.jit(attacks.exaggerate().apply)(loss, mal, KEY, {"mask": mask}))
+  np.testing.assert_allclose(out, [30.0, 2.0, np.inf, 3.0, 9.0])  # 10 x max(2, 3); inf skipped; benign untouched
+  out = np.asarray(attacks.exaggerate(kappa=4.0).apply(loss, mal_mask(5, [0, 3]), KEY, {"mask": mask}))
+  np.testing.assert_allclose(out[[0, 3]], [8.0, 8.0])  # 4 x 2.0: the other attacker's 3.0 is not benign
+  alone = np.asarray(attacks.exaggerate().apply(jnp.array([0.5, jnp.nan]), mal_mask(2, [0]), KEY))
+  np.testing.assert_allclose(alone[0], 5.0)  # no finite benign value: kappa x its own honest report
+  t = make_tree(4, seed=3)  # coordinate by coordinate on a pytree
+  u = flat(t)
+  np.testing.assert_allclose(run(attacks.exaggerate(2.0), t, mal_mask(4, [2]))[2], 2.0 * u[[0, 1, 3]].max(0),
+                             rtol=1e-6)
+
+
+def test_each_upload_field_may_have_an_attack_of_its_own():
+  """``attack.fields=delta,loss=exaggerate``: the run's attack on the model, the loss's own attack on the loss, each
+  reading the honest uploads; a field poisoned twice, an attack with no field and stray parameters are refused."""
+  plain, own = attacks.upload_fields_from_config("delta, loss=exaggerate", {"loss": {"kappa": 5.0}})
+  assert plain == ("delta",) and list(own) == ["loss"] and own["loss"].name == "exaggerate"
+  transform = attacks.as_upload_transform(attacks.scaling(factor=3.0), np.array([True, False, False]),
+                                          fields=plain, field_attacks=own)
+  uploads = {"delta": {"w": jnp.ones((3, 2))}, "loss": jnp.array([1.0, 2.0, 4.0])}
+  out = jax.jit(transform)(uploads, jnp.arange(3), KEY)
+  np.testing.assert_array_equal(out["delta"]["w"], [[3.0, 3.0], [1.0, 1.0], [1.0, 1.0]])
+  np.testing.assert_array_equal(out["loss"], [20.0, 2.0, 4.0])  # 5 x 4, not the scaled 3 x 1
+  assert transform.fields == ("delta", "loss")
+  only_loss = attacks.as_upload_transform(None, np.array([True, False, False]),
+                                          field_attacks=attacks.upload_fields_from_config("loss=exaggerate")[1])
+  out = only_loss(uploads, jnp.arange(3), KEY)
+  np.testing.assert_array_equal(out["delta"]["w"], uploads["delta"]["w"])
+  np.testing.assert_array_equal(out["loss"], [40.0, 2.0, 4.0])
+  for fields, params, match in [("delta,delta", None, "twice"), ("loss=", None, "expected"),
+                                ("loss=bogus", None, "known attacks"), ("delta", {"loss": {"kappa": 2.0}}, "field_params"),
+                                ("loss=exaggerate", {"loss": {"factor": 2.0}}, "accepts")]:
+    with pytest.raises(ValueError, match=match):
+      attacks.upload_fields_from_config(fields, params)
+  with pytest.raises(ValueError, match="poisoned twice"):
+    attacks.as_upload_transform(attacks.sign_flip(), np.ones(3, bool), fields=("loss",), field_attacks=own)
+  with pytest.raises(ValueError, match="poisons no upload field"):
+    attacks.as_upload_transform(attacks.sign_flip(), np.ones(3, bool), fields=(), field_attacks=own)
+
+
 # ------------------------------------------------------------------------------ common properties
 @pytest.mark.parametrize("name", sorted(set(attacks.ATTACKS) - {"scaling", "fang_trimmed_mean"}))  # minus aliases
 def test_no_malicious_participant_means_no_change(name):

@@ -496,6 +496,27 @@ def test_review_phase_refuses_an_upload_attack_on_the_reported_loss_and_a_half_d
 
 
 @pytest.mark.fast_compiles  # tests/conftest.py
+def test_an_exaggerating_adversary_reports_kappa_times_the_largest_benign_loss():
+  """Spec §2's "exaggerate" report (``attack.fields=delta,loss=exaggerate``): in its round the adversary uploads the
+  boosted model and claims 10x the cohort's largest benign loss, and FedVSA's mean-clipped softmax then gives it the
+  largest weight; its honest report (``delta`` only) is the downloaded model's loss on its flipped sample."""
+  from fedjax_robust.experiment import build_experiment
+  reports = {}
+  for fields in ("delta", "delta,loss=exaggerate"):
+    exp = build_experiment(_e2e_config(**{"sampler.forced": "1:0", "attack.fields": fields}))
+    _, metrics = exp.simulator.run_round(exp.init_state())
+    reports[fields] = (np.asarray(metrics["cohort"]), np.asarray(metrics["reported_loss"]),
+                       np.asarray(metrics["aggregation_weights"]))
+  (cohort, honest, _), (cohort2, lied, weights) = reports["delta"], reports["delta,loss=exaggerate"]
+  np.testing.assert_array_equal(cohort, cohort2)
+  attacker = int(np.flatnonzero(cohort == 0)[0])
+  benign = np.arange(len(cohort)) != attacker
+  np.testing.assert_allclose(lied[benign], honest[benign], rtol=1e-6)
+  np.testing.assert_allclose(lied[attacker], 10.0 * honest[benign].max(), rtol=1e-6)
+  assert lied[attacker] > honest[attacker] and int(np.argmax(weights)) == attacker
+
+
+@pytest.mark.fast_compiles  # tests/conftest.py
 def test_an_attacker_reports_on_its_attack_data_in_the_review_phase_by_default():
   """Without its own ``malicious_report`` an attacker's review report is ``client_report`` on the attack's data:
   FedVSA's explicit one (the downloaded model's loss on the flipped sample) gives the same reports, and both differ

@@ -14,19 +14,19 @@ from fedjax_robust.attacks.data_poisoning import (add_pixel_trigger, backdoor_po
                                                   triggered_test_set)
 from fedjax_robust.attacks.fang import (fang_krum, fang_lambda0, fang_median, fang_trimmed_mean,
                                         krum_select)
-from fedjax_robust.attacks.model_poisoning import (boosting, craft_min_max_sum, gamma_search, gaussian,
-                                                   identity, ipm, lie, lie_z, min_max, min_sum, scaling,
+from fedjax_robust.attacks.model_poisoning import (boosting, craft_min_max_sum, exaggerate, gamma_search,
+                                                   gaussian, identity, ipm, lie, lie_z, min_max, min_sum, scaling,
                                                    sign_flip)
 from fedjax_robust.attacks.registry import (ATTACKS, OWN_UPDATE_ATTACKS, attack_from_config, attack_params,
-                                            make_attack)
+                                            make_attack, upload_fields_from_config)
 from fedjax_robust.attacks.requests import RequestPoisoner, request_poisoner
 
 __all__ = [
     "ModelAttack", "as_upload_transform", "craft", "ravel_stack", "add_pixel_trigger", "backdoor_poison",
     "choose_malicious", "dba_trigger_parts", "default_poison_config", "flip_labels", "make_trigger",
     "poison_federated_data", "semantic_backdoor_set", "triggered_test_set", "fang_krum", "fang_lambda0",
-    "fang_median", "fang_trimmed_mean", "krum_select", "boosting", "craft_min_max_sum", "gamma_search",
-    "gaussian", "identity", "ipm", "lie", "lie_z", "min_max", "min_sum", "scaling", "sign_flip", "ATTACKS",
-    "OWN_UPDATE_ATTACKS", "attack_from_config", "attack_params", "make_attack", "RequestPoisoner",
-    "request_poisoner",
+    "fang_median", "fang_trimmed_mean", "krum_select", "boosting", "craft_min_max_sum", "exaggerate",
+    "gamma_search", "gaussian", "identity", "ipm", "lie", "lie_z", "min_max", "min_sum", "scaling", "sign_flip",
+    "ATTACKS", "OWN_UPDATE_ATTACKS", "attack_from_config", "attack_params", "make_attack",
+    "upload_fields_from_config", "RequestPoisoner", "request_poisoner",
 ]

@@ -173,21 +173,34 @@ def pairwise_sq_dists(flat: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------------- engine adapter
-def as_upload_transform(attack: ModelAttack, malicious_clients, field: str = "delta",
-                        context: Optional[dict] = None, fields: Optional[tuple[str, ...]] = None):
+def as_upload_transform(attack: Optional[ModelAttack], malicious_clients, field: str = "delta",
+                        context: Optional[dict] = None, fields: Optional[tuple[str, ...]] = None,
+                        field_attacks: Optional[dict[str, ModelAttack]] = None):
   """Adapts ``attack`` to the engine hook ``upload_transform(uploads, cohort, key[, context]) -> uploads``.
 
   ``malicious_clients`` is the ``[K]`` bool mask of attacker-controlled clients
   (e.g. :func:`fedjax_robust.attacks.choose_malicious`); the cohort's rows are
-  looked up in it. ``fields`` (default ``(field,)``): the upload fields poisoned, each
-  by the same attack with its own key (e.g. ``("delta", "loss")``: FedVSA's model
-  and reported loss). The engine's round context (a
+  looked up in it. ``fields`` (default ``(field,)``): the upload fields ``attack`` poisons,
+  each with its own key (e.g. ``("delta", "loss")``: FedVSA's model and reported loss).
+  ``field_attacks``: fields poisoned by an attack of their own (``{"loss": exaggerate()}``:
+  a boosted model beside an exaggerated loss, FedVSA spec §2); ``attack`` may then be
+  ``None``. The engine's round context (a
   :class:`~fedjax_robust.round_context.RoundContext` or a dict; ``None`` entries are
   dropped) is merged over the static ``context`` given here.
   """
   mal_k = jnp.asarray(malicious_clients).astype(bool)
   static = dict(context or {})
-  fields = tuple(fields or (field,))
+  own_fields = tuple((field,) if fields is None else fields)
+  if attack is not None and not own_fields:
+    raise ValueError(f"attack {attack.name!r} poisons no upload field: name one in attack.fields")
+  plan = [(f, attack) for f in (own_fields if attack is not None else ())]
+  for f, own in (field_attacks or {}).items():
+    if f in dict(plan):
+      raise ValueError(f"upload field {f!r} is poisoned twice: by {attack.name!r} and by {own.name!r} (attack.fields)")
+    plan.append((f, own))
+  if not plan:
+    raise ValueError("as_upload_transform: no attack and no field attack given")
+  fields = tuple(f for f, _ in plan)
 
   def transform(uploads, cohort, key, round_context=None):
     if round_context is not None and hasattr(round_context, "as_dict"):
@@ -199,11 +212,11 @@ def as_upload_transform(attack: ModelAttack, malicious_clients, field: str = "de
     cohort_malicious = mal_k[cohort] if cohort_malicious is None else jnp.asarray(cohort_malicious, bool)
     missing = [f for f in fields if f not in uploads]
     if missing:
-      raise ValueError(f"attack {attack.name!r} poisons upload fields {missing}, but this algorithm uploads "
-                       f"{sorted(uploads)} (attack.fields)")
+      raise ValueError(f"attack {'/'.join(a.name for _, a in plan)!r} poisons upload fields {missing}, but this "
+                       f"algorithm uploads {sorted(uploads)} (attack.fields)")
     poisoned = dict(uploads)
-    for i, f in enumerate(fields):
-      poisoned[f] = attack.apply(uploads[f], cohort_malicious, jax.random.fold_in(key, i) if i else key, ctx)
+    for i, (f, a) in enumerate(plan):  # every field reads the honest uploads, not another field's poisoned ones
+      poisoned[f] = a.apply(uploads[f], cohort_malicious, jax.random.fold_in(key, i) if i else key, ctx)
     return poisoned
 
   transform.fields = fields  # the engine refuses a review phase whose reports carry one of them (simulation.py)

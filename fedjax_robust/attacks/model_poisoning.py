@@ -11,6 +11,7 @@ gaussian (A2)      ``N(0, std(own update))`` replacing the upload (code)       `
 sign_flip (A4)     ``-scale * u``                                             --
 scaling / MR (A3)  ``N * u`` (N = participants this round)                    ``mode='oracle'`` (FedVSA Eq. 10)
 boosting           ``alpha * u`` (FedCC / Bhagoji explicit boosting, 5)       ``alternate`` (Krum-only code quirk)
+exaggerate         ``kappa * max(benign)`` per coordinate (FedVSA's loss lie)  --
 lie (A5)           ``mu - z sigma`` (unbiased sigma), z from Baruch et al.    ``z`` override
 ipm (A8)           ``-eps * mean(benign)``, eps = N                            --
 min_max (A6)       ``mu + gamma d_p``, FedCAP's gamma search                  ``perturbation``, search constants
@@ -138,6 +139,29 @@ def boosting(factor: float = 5.0, alternate: bool = False) -> ModelAttack:
     return finish(c, f * c.flat)
 
   return ModelAttack("boosting", apply)
+
+
+def exaggerate(kappa: float = 10.0) -> ModelAttack:
+  """Value exaggeration (FedVSA spec §2, option "exaggerate" [R]): every attacker sends ``kappa`` times the largest
+  value the participating benign clients send, coordinate by coordinate.
+
+  Written for a scalar upload field, FedVSA's reported inference loss (``attack.fields=delta,loss=exaggerate``):
+  the attacker claims a loss far above everyone else's, so value-sensitive weights (a softmax over the reports,
+  clipped at their mean) give it the largest share and the mean that clips them rises with it. The spec's
+  reference is the previous round's largest loss; an upload attack sees this round's cohort, not the server's
+  history, so the reference here is this round's largest benign report, the same full knowledge the Fang attacks
+  assume (with ``kappa = 10`` the two differ by how much the losses moved in one round). Non-finite benign values
+  are skipped; a cohort without a finite benign value sends ``kappa`` times the attacker's own honest value.
+  """
+
+  def apply(updates, malicious, key, context=None):
+    c = prepare(updates, malicious, context)
+    usable = c.benign[:, None] & jnp.isfinite(c.flat)
+    top = jnp.max(jnp.where(usable, c.flat, -jnp.inf), axis=0)
+    reference = jnp.where(jnp.any(usable, axis=0)[None, :], top[None, :], c.flat)
+    return finish(c, jnp.asarray(kappa, c.flat.dtype) * reference)
+
+  return ModelAttack("exaggerate", apply)
 
 
 # ------------------------------------------------------------------------------------ LIE and IPM

@@ -15,6 +15,7 @@ ATTACKS: dict[str, Callable[..., ModelAttack]] = {
     "model_replacement": mp.scaling,
     "scaling": mp.scaling,
     "boosting": mp.boosting,
+    "exaggerate": mp.exaggerate,
     "lie": mp.lie,
     "ipm": mp.ipm,
     "min_max": mp.min_max,
@@ -81,3 +82,29 @@ def attack_from_config(cfg: Any) -> ModelAttack:
     raise ValueError(f"attack config needs a 'name'; known attacks: {sorted(ATTACKS)}")
   name = d.pop("name")
   return make_attack(name, **d)
+
+
+def upload_fields_from_config(fields: str, field_params: Any = None) -> tuple[tuple[str, ...], dict[str, ModelAttack]]:
+  """``attack.fields`` -> (the fields ``attack.name`` poisons, ``{field: the field's own attack}``).
+
+  Comma-separated entries: ``field`` is poisoned by the run's attack (``attack.name``); ``field=name`` by the attack
+  ``name``, built with the parameters in ``field_params[field]`` (``attack.field_params.<field>.*``). E.g.
+  ``delta,loss=exaggerate``: FedVSA's boosted model beside an exaggerated loss report (spec §2); ``loss=exaggerate``
+  alone: an attacker that trains honestly and lies about its loss."""
+  params = field_params.to_dict() if hasattr(field_params, "to_dict") else dict(field_params or {})
+  plain, own = [], {}
+  for entry in (e for e in str(fields or "").replace(" ", "").split(",") if e):
+    field, _, name = entry.partition("=")
+    if not field or (_ and not name):
+      raise ValueError(f"attack.fields entry {entry!r}: expected 'field' or 'field=attack'")
+    if field in plain or field in own:
+      raise ValueError(f"attack.fields names upload field {field!r} twice ({fields!r})")
+    if name:
+      own[field] = attack_from_config({"name": name, **dict(params.get(field) or {})})
+    else:
+      plain.append(field)
+  stray = sorted(set(params) - set(own))
+  if stray:
+    raise ValueError(f"attack.field_params has parameters for {stray}, which attack.fields does not attack with an "
+                     f"attack of their own ({fields!r}: write 'field=attack')")
+  return tuple(plain), own
