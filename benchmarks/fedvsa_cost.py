@@ -10,7 +10,10 @@ E local epochs, B = 10) with the reductions given by ``--set``, then runs one wa
 point); its utility scores every coalition model on ``server.root_dataset_size`` test rows. The baseline is FedAvg
 under the same engine strategy; ``--strategies vmap,sequential`` also gives the vmap/sequential ratio.
 ``fedvsa_retrain_quiet`` is the two-phase round (``repaired_round=retrain``: the review phase's extra inference pass
-before training) in rounds whose audit does not fire.
+before training) in rounds whose audit does not fire. Any other variant is a method of the setting
+(``experiments/configs/fedvsa_setting.py``: ``feddc``, ``zeno``, ``dnc``, ``rfa``, ... with the setting's
+hyperparameters): Table 10's baseline rows (``--variants fedavg,feddc,zeno,dnc,rfa,fedvsa_no_detection``);
+``experiments/fedvsa_tables.py --mode table10`` tabulates the stored JSON beside the paper's numbers.
 
   python benchmarks/fedvsa_cost.py --set data.data_dir=../shared/data --set data.pool_size=6000 \\
       --set client.epochs=1 --set server.root_dataset_size=500 --out benchmarks/results/fedvsa_cost_cpu2.json
@@ -44,8 +47,15 @@ VARIANTS = {
 
 
 def variant_config(args, variant: str, cohort: int, strategy: str):
-  algorithm, options = VARIANTS[variant]
-  config = load_config(args.config)
+  """The variant's config: one of :data:`VARIANTS` on ``--config``, or the setting's method ``variant`` on
+  ``--config``'s partition (``fedvsa_mnist.py:sigma900`` -> ``fedvsa_mnist.py:sigma900,<variant>``)."""
+  if variant in VARIANTS:
+    algorithm, options = VARIANTS[variant]
+    config = load_config(args.config)
+  else:
+    path, _, arg = args.config.partition(":")
+    config = load_config(f"{path}:{arg.split(',')[0] or 'sigma900'},{variant}")
+    algorithm, options = config.algorithm.name, {}
   config.output.progress = False
   config.init.pretrain_rounds = 0
   config.eval.stop_at = 0.0

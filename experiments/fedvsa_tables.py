@@ -18,6 +18,9 @@ Modes:
   its rule's selection kept); FedNova, FedDisco, FedLAW and Median have none (spec §3). The paper does not state
   Table 9's setting; spec A16 assumes MNIST σ=900 (the default cells). Its cells run the whole horizon (no stop at a
   target) and are stored under their own keys (``...__full``), apart from Table 3's; a cell not run prints "not run".
+* ``table10``: the round cost measured on our engine (``benchmarks/fedvsa_cost.py`` results, ``--from_json`` only:
+  FedAvg, FedDC, Zeno++, DnC, RFA and FedVSA without / with a Shapley step) beside the paper's client and server
+  columns.
 
 Every cell is one run directory under ``--out_dir`` and one entry of ``results*.json`` there, with its resolved
 config, per-round accuracy, seeds, commit, command, device and wall time (``grid.run_cells``). Cells not run are
@@ -27,6 +30,7 @@ shown as "—"; a run shorter than the paper's 1,000 rounds is stated under the 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
@@ -417,7 +421,53 @@ def table9(results: dict) -> str:
   return "\n".join(lines) + "\n" + _reduced_note({k: v for k, v in results.items() if k.endswith(FULL)})
 
 
-TABLES = {"table3": table3, "table4": table4, "table5": table5, "fig3": fig3, "fig5": fig5, "table9": table9}
+# Table 10 (RTX 3070 PC): variant of benchmarks/fedvsa_cost.py -> (the paper's row, its client side, its server side
+# in seconds). The FedVSA rows' Shapley step costs 2^m x T_test "only in rounds where Dr = 1" (spec §5).
+PAPER_T10 = {"fedavg": ("FedAvg", "E × T_train", 4.75), "feddc": ("FedDC", "E × T_DC-train", 6.23),
+             "zeno": ("Zeno++", "E × T_train", 4.75), "dnc": ("DnC", "E × T_DnC-train", 4.75),
+             "rfa": ("RAF", "E × T_RAF-train", 4.75),
+             "fedvsa_no_detection": ("FedVSA w/o Shapley Value", "(E + 1) × T_train", 5.52),
+             "fedvsa_shapley_every_round/exact": ("FedVSA w/ Shapley Value", "(E + 1) × T_train", 5.52),
+             "fedvsa_shapley_every_round/tmc": ("FedVSA w/ Extended-TMC-Shapley", "(E + 1) × T_train", 5.52)}
+
+
+def table10(files: dict) -> str:
+  """Table 10 from ``benchmarks/fedvsa_cost.py`` results (``{path: its JSON}``): per file and cohort size m, each
+  variant's whole-round time on our engine, its ratio to FedAvg's and its extra time over FedAvg's (a server-side
+  rule on FedAvg's clients: the server's extra cost), beside the paper's client and server columns."""
+  lines = []
+  for path, result in files.items():
+    cells = list(result.get("cells", {}).values())
+    lines += [f"**Table 10 — round cost on our engine** (`{Path(path).name}`: commit {str(result.get('commit'))[:7]}, "
+              f"{result.get('device', '?')}, {result.get('rounds')} timed round(s) after a warm-up; paper: RTX 3070 "
+              "PC, 100 clients)", "",
+              "| m | Method (the paper's row) | ours: s / round | × FedAvg | + s over FedAvg | paper: client side | "
+              "paper: server side |", "|---|---|---|---|---|---|---|"]
+    for cohort in sorted({c["cohort"] for c in cells}):
+      rows = {c["variant"] + (f"/{c['shapley_mode']}" if c.get("shapley_mode") and "shapley" in c["variant"] else ""):
+              c for c in cells if c["cohort"] == cohort}
+      base = rows.get("fedavg")
+      for key, (label, client, server) in PAPER_T10.items():
+        cell = rows.get(key)
+        if cell is None:
+          continue
+        extra = "—" if base is None else f"{cell['s_per_round'] - base['s_per_round']:+.2f}"
+        ratio = f"{cell['x_fedavg_time']:.2f}" if "x_fedavg_time" in cell else "—"
+        shapley = (f" ({cell['coalition_models_per_shapley_step']:,} coalition models, every round)"
+                   if cell.get("coalition_models_per_shapley_step") else "")
+        lines.append(f"| {cohort} | {label}{shapley} | {cell['s_per_round']:.2f} | {ratio} | {extra} | {client} | "
+                     f"{server:.2f} s ({server / PAPER_T10['fedavg'][2]:.2f}×) |")
+    settings = sorted({(c.get("num_clients"), c.get("server_rows"), c.get("backend"), c.get("strategy"))
+                       for c in cells}, key=str)
+    lines += ["", "Set: " + " ".join(f"`--set {x}`" for x in result.get("set", [])) + "; "
+              + "; ".join(f"{k} clients, {r} server rows, {b}, {st}" for k, r, b, st in settings)
+              + ". Ours are whole rounds (every client's training and the server step, one compiled program); the "
+              "paper's server column is the server step alone.", ""]
+  return "\n".join(lines) if lines else "No Table 10 result stored yet (benchmarks/fedvsa_cost.py --out).\n"
+
+
+TABLES = {"table3": table3, "table4": table4, "table5": table5, "fig3": fig3, "fig5": fig5, "table9": table9,
+          "table10": table10}
 
 
 def cells_of(mode: str, datasets, partitions, methods, fresh=(0.1, 0.3, 0.5)):
@@ -451,6 +501,11 @@ def main():
   args = parser.parse_args()
   if args.figure and args.mode not in ("fig3", "fig5"):
     parser.error(f"--figure: --mode {args.mode} draws no figure (only fig3, fig5)")
+  if args.from_json and args.mode == "table10":  # benchmark files, each a table of its own
+    print(table10({p: json.loads(Path(p).read_text()) for p in args.from_json.split(",")}), end="")
+    return
+  if args.mode == "table10":
+    parser.error("--mode table10 tabulates stored benchmarks/fedvsa_cost.py results: give --from_json")
   if args.from_json:
     results = grid.merge_files(args.from_json.split(","))
     if args.figure:

@@ -104,6 +104,33 @@ def test_table3_renders_ours_next_to_the_papers(tmp_path):
   assert out == table
 
 
+def test_table10_puts_each_variants_round_cost_beside_the_papers_columns(tmp_path):
+  """Table 10 from a benchmarks/fedvsa_cost.py result: the paper's row order, ratio and extra time over FedAvg, the
+  paper's server seconds and their ratio to FedAvg's; a variant Table 10 has no row for is left out."""
+  def cell(variant, s, mode=""):
+    return {"cohort": 30, "variant": variant, "s_per_round": s, "x_fedavg_time": s / 4.0, "shapley_mode": mode,
+            "coalition_models_per_shapley_step": 1550 if mode else 0, "num_clients": 30, "server_rows": 500,
+            "backend": "cpu", "strategy": "vmap"}
+  result = {"commit": "abcdef0123", "device": "cpu:0", "rounds": 2, "set": ["client.epochs=1"], "cells": {
+      "a": cell("fedavg", 4.0), "b": cell("fedvsa_no_detection", 5.0), "c": cell("rfa", 4.5),
+      "d": cell("fedvsa_shapley_every_round", 40.0, "tmc"), "e": cell("fedvsa_retrain_quiet", 6.0)}}
+  path = tmp_path / "cost.json"
+  path.write_text(json.dumps(result))
+  table = T.table10({str(path): result})
+  rows = [line for line in table.splitlines() if line.startswith("| 30 |")]
+  assert [r.split(" | ")[1] for r in rows] == ["FedAvg", "RAF", "FedVSA w/o Shapley Value",
+                                              "FedVSA w/ Extended-TMC-Shapley (1,550 coalition models, every round)"]
+  assert rows[1] == "| 30 | RAF | 4.50 | 1.12 | +0.50 | E × T_RAF-train | 4.75 s (1.00×) |"
+  assert rows[2].endswith("| 5.00 | 1.25 | +1.00 | (E + 1) × T_train | 5.52 s (1.16×) |")
+  assert "commit abcdef0" in table and "`--set client.epochs=1`" in table
+  out = subprocess.run([sys.executable, "experiments/fedvsa_tables.py", "--mode", "table10", "--from_json", str(path)],
+                       cwd=REPO, capture_output=True, text=True, check=True).stdout
+  assert out == table
+  refused = subprocess.run([sys.executable, "experiments/fedvsa_tables.py", "--mode", "table10"], cwd=REPO,
+                           capture_output=True, text=True)
+  assert refused.returncode == 2 and "give --from_json" in refused.stderr
+
+
 def test_fig3_table_reads_the_rounds_around_each_attack():
   acc = [0.9] * 60
   acc[9], acc[24] = 0.02, 0.05
