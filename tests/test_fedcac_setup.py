@@ -180,3 +180,14 @@ def test_configs_follow_the_spec_setting():
     config("cifar10", "dir,fedavg")
   with pytest.raises(ValueError, match="method"):
     config("cifar10", "pathological,ditto")
+
+
+def test_client_averaged_accuracy_is_the_unweighted_mean_of_per_client_accuracies():
+  """Spec §6 item 26: the reported client-averaged accuracy is the plain mean of each client's accuracy on its own
+  test rows, not the pooled (test-size-weighted) accuracy; the table's value is the best round of that series
+  (tests/test_fedcac_tables.py::test_record_takes_the_best_round_from_the_series)."""
+  from fedjax_robust.simulation import _client_metrics
+  m = _client_metrics(correct=np.array([50, 90, 30]), count=np.array([100, 100, 50]), benign=None)
+  np.testing.assert_allclose(m["client_acc"], [0.5, 0.9, 0.6])
+  np.testing.assert_allclose(m["client_acc_mean"], (0.5 + 0.9 + 0.6) / 3)
+  np.testing.assert_allclose(m["client_acc_weighted"], 170 / 250)
