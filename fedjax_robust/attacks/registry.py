@@ -94,8 +94,8 @@ def upload_fields_from_config(fields: str, field_params: Any = None) -> tuple[tu
   params = field_params.to_dict() if hasattr(field_params, "to_dict") else dict(field_params or {})
   plain, own = [], {}
   for entry in (e for e in str(fields or "").replace(" ", "").split(",") if e):
-    field, _, name = entry.partition("=")
-    if not field or (_ and not name):
+    field, sep, name = entry.partition("=")
+    if not field or (sep and not name):
       raise ValueError(f"attack.fields entry {entry!r}: expected 'field' or 'field=attack'")
     if field in plain or field in own:
       raise ValueError(f"attack.fields names upload field {field!r} twice ({fields!r})")
