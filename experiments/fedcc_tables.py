@@ -12,6 +12,9 @@ metrics when the run has them. Cells are keyed ``<scenario>__<dist>__<dataset>__
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table4 --datasets cifar10    # K = 100
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table5                        # E 6 / 12
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode fig5 --figure runs/fedcc/fig5.png  # f = 1..4
+  python experiments/fedcc_tables.py --data_dir ../shared/data --mode table3 --attacks fang_krum,fang_median \
+      --placement dataless                       # the code's dataless attackers (spec §2.6 [R]), keys <key>__dl
+  python experiments/fedcc_tables.py --mode placement --from_json a.json,b.json   # fixed ids vs dataless
   python experiments/fedcc_tables.py --data_dir ../shared/data --mode table2 --datasets fmnist --rounds 5 \\
       --epochs 1 --set data.samples_per_class=200 --seeds 0,1,2                      # a reduced CPU run
 
@@ -111,6 +114,21 @@ def cell_key(scenario: str, dist: str, dataset: str, rule: str, variant: str = "
   return f"{scenario}__{dist}__{dataset}__{rule}" + (f"__{variant}" if variant else "")
 
 
+DATALESS_SUFFIX = "__dl"  # the key of a cell run with --placement dataless: its fixed-placement key + this
+
+
+def placement_of(args) -> str:
+  placement = getattr(args, "placement", "fixed") or "fixed"
+  if placement not in ("fixed", "dataless"):
+    raise SystemExit(f"--placement: fixed or dataless, got {placement!r}")
+  return placement
+
+
+def fedcc_setting():
+  from fedjax_robust.config_files import load_module
+  return load_module(Path(__file__).resolve().parent / "configs" / "fedcc_setting.py")
+
+
 def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str, args):
   from fedjax_robust.config_files import load_module
   root = Path(__file__).resolve().parent
@@ -123,6 +141,11 @@ def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str,
     epochs, config.attack.client.epochs = 6, 12
   elif variant.startswith("f"):  # Fig. 5: f of the K clients are attackers (floor(K * fraction) of them)
     config.attack.fraction = int(variant[1:]) / config.data.num_clients
+  if placement_of(args) == "dataless":  # after the variant: f follows its K, participation and fraction
+    if scenario not in ("fang_krum", "fang_median"):
+      raise SystemExit(f"--placement dataless: untargeted cells only (fang_krum, fang_median), not {scenario!r}")
+    fedcc_setting().use_dataless_attackers(config)
+    config.output.name += "_dataless"
   config = grid.apply_run_args(config, args)
   config.rounds = args.rounds or rounds  # 0 = the scenario's own (spec §4.6)
   # Every cell evaluates every round (spec §2.7; Fig. 4's backdoor confidence curves): the per-round curves are
@@ -372,8 +395,38 @@ def fig5_figure(results: dict, path: Path) -> None:
   grid.save_figure(fig, path)
 
 
+def placement(results: dict) -> str:
+  """Every cell stored with both attacker placements (spec §2.6): fixed attacker ids 0..f-1 (the spec's alternative,
+  our default) beside the code's dataless attackers ([R], keys ending ``__dl``), and the paper's number where a table
+  gives one (Table III at K = 10, Table IV at K = 100)."""
+  lines = ["| Attack | Dist | Dataset | Rule | Variant | fixed ids | dataless | dataless − fixed | paper |",
+           "|---" * 9 + "|"]
+  present = {}
+  for key in sorted(k for k in results if k.endswith(DATALESS_SUFFIX)):
+    base = key[: -len(DATALESS_SUFFIX)]
+    attack, dist, dataset, rule, *rest = base.split("__")
+    variant = rest[0] if rest else ""
+    fixed, dataless = results.get(base), results[key]
+    present[key] = dataless
+    if fixed is not None:
+      present[base] = fixed
+    paper = None
+    if not variant and rule in RULES:
+      paper = PAPER_TABLE3.get((attack, dist, dataset), (None,) * len(RULES))[list(RULES).index(rule)]
+    elif variant.startswith("k100_p") and rule in TABLE4_RULES:
+      row = PAPER_TABLE4.get((float(variant[len("k100_p"):]), dataset))
+      paper = None if row is None else row[4 * ("fang_median" == attack) + TABLE4_RULES.index(rule)]
+    gap = "—" if fixed is None else f"{dataless['value'] - fixed['value']:+.2f}"
+    lines.append(f"| {ATTACKS.get(attack, attack)} | {DISTS.get(dist, dist)} | {DATASETS.get(dataset, dataset)} | "
+                 f"{RULES.get(rule, SIMILARITIES.get(rule, rule))} | {variant or '—'} | {_fmt(fixed)} | "
+                 f"{_fmt(dataless)} | {gap} | {'—' if paper is None else f'{paper:.2f}'} |")
+  if not present:
+    return "(no cell stored with --placement dataless in these results)\n"
+  return "\n".join(lines + ["", _reduced_note(present)]) + "\n"
+
+
 TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5, "fig4": fig4,
-          "fig5": fig5}
+          "fig5": fig5, "placement": placement}
 FIGURES = {"fig4": fig4_figure, "fig5": fig5_figure}
 
 
@@ -430,6 +483,11 @@ def main():
   parser.add_argument("--attackers", default=",".join(map(str, FIG5_ATTACKERS)),
                       help="--mode fig5: which numbers of attackers f (of 10) to run; 3 is Table III's cell, the "
                            "same key, so leave it out to show a stored Table III cell from the same --out_dir")
+  parser.add_argument("--placement", choices=("fixed", "dataless"), default="fixed",
+                      help="attackers: fixed ids 0..f-1 whose partitions never train (default, spec §2.6's "
+                           "alternative), or dataless = FedCC's code ([R]): f crafted models besides n - f benign "
+                           "clients drawn from all partitions every round; untargeted cells only, keyed <key>__dl. "
+                           "--mode placement --from_json shows the two side by side")
   parser.add_argument("--from_json", default=None,
                       help="print the mode's table from stored results files (comma-separated; a cell stored as "
                            "one-seed runs in several files is shown as mean ± std over those seeds) and exit")
@@ -444,7 +502,11 @@ def main():
     return
   logging.basicConfig(level=logging.WARNING)
   pick = lambda value, allowed: [v for v in value.split(",") if v in allowed] or list(allowed)
-  cells = [(cell_key(*c), cell_config(*c, args), record)
+  if args.mode == "placement":
+    raise SystemExit("--mode placement only prints stored cells (--from_json); run their cells with --mode table3 / "
+                     "table4 / fig5 --placement dataless")
+  suffix = DATALESS_SUFFIX if args.placement == "dataless" else ""
+  cells = [(cell_key(*c) + suffix, cell_config(*c, args), record)
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),
                              pick(args.rules, SIMILARITIES if args.mode == "table1" else RULES),
                              pick(args.attacks, ATTACKS), attackers_of(args.attackers))]

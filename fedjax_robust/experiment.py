@@ -40,7 +40,7 @@ from fedjax_robust.algorithms.registry import BuildContext, algorithm_config, al
 from fedjax_robust.checkpoint import RunCheckpointer, remove_checkpoints
 from fedjax_robust.client import ClientData, LocalTrainSpec, num_local_steps
 from fedjax_robust.compilation import has_conv
-from fedjax_robust.data import build_federated_data, default_data_config
+from fedjax_robust.data import build_federated_data, default_data_config, with_dataless_clients
 from fedjax_robust.data.augment import augmentation_from_config
 from fedjax_robust.execution import default_strategy_name, is_primary, make_strategy, to_host
 from fedjax_robust.metrics.evaluators import resolve_evaluators
@@ -50,8 +50,8 @@ from fedjax_robust.models.layers import resolve_conv_impl
 from fedjax_robust.optim import optimizer_from_config
 from fedjax_robust.pretrain import pretrain, pretrain_rounds
 from fedjax_robust.round_context import SERVER_DATA_NEEDS
-from fedjax_robust.sampling import sampler_from_config
-from fedjax_robust.simulation import SimState, Simulator
+from fedjax_robust.sampling import StratifiedSampler, sampler_from_config
+from fedjax_robust.simulation import SimState, Simulator, check_nominal_weight
 
 logger = logging.getLogger("fedjax_robust")
 
@@ -136,6 +136,13 @@ def default_config() -> ml_collections.ConfigDict:
       "seed": 0,  # which clients are malicious
       "legacy_numpy_selection": False,  # FedCAP's np.random.seed(seed); choice(K, int(K*p)) ids
       "clients": "",  # explicit attacker ids, e.g. "1,5,8" (overrides fraction/seed); "" = drawn as above
+      # f > 0: the attackers are f clients WITHOUT data, appended as ids K..K+f-1 to the K data partitions, which
+      # are all benign (FedCC's code, spec §2.6 [R]; overrides fraction/seed/clients). Every round takes all f and
+      # round(participation * K) - f benign partitions (the stratified sampler), so no partition's data is lost to
+      # an attacker. Their aggregation weight: dataless_weight, 'mean' (the cohort's mean benign sample count) or a
+      # positive number (a weight of 0 would mean "must not count" to every rule).
+      "dataless": 0,
+      "dataless_weight": "mean",
       # Upload fields poisoned, comma-separated: "field" by the attack above, "field=attack" by an attack of its own
       # with its parameters in field_params.<field> (e.g. "delta,loss=exaggerate": FedVSA's boosted model and an
       # exaggerated loss report, spec §2).
@@ -414,7 +421,13 @@ def apply_open_overrides(config: ml_collections.ConfigDict, overrides) -> ml_col
 
 
 def malicious_from_config(attack_cfg, num_clients: int) -> np.ndarray:
-  """``[K]`` attacker mask: the explicit ids of ``attack.clients`` ("1,5,8") if given, else drawn by fraction/seed."""
+  """``[K]`` attacker mask: the last ``attack.dataless`` clients (the dataless attackers), else the explicit ids of
+  ``attack.clients`` ("1,5,8") if given, else drawn by fraction/seed."""
+  dataless = int(attack_cfg.get("dataless", 0) or 0)
+  if dataless:
+    mask = np.zeros(num_clients, bool)
+    mask[num_clients - dataless:] = True
+    return mask
   ids = str(attack_cfg.get("clients", "") or "").replace(" ", "")
   if not ids:
     return attacks.choose_malicious(num_clients, float(attack_cfg.fraction), int(attack_cfg.seed),
@@ -431,10 +444,43 @@ def malicious_from_config(attack_cfg, num_clients: int) -> np.ndarray:
   return mask
 
 
+def check_dataless_attack(config, dataless: int, partitions: int) -> None:
+  """Refuses what dataless attackers (``attack.dataless``) cannot mean: no attack to craft their models, data of
+  theirs to poison, explicit attacker ids, a cohort with no room for benign clients, a sampler that may leave them
+  out."""
+  a = config.attack
+  if dataless < 0:
+    raise ValueError(f"attack.dataless must be >= 0, got {dataless}")
+  if a.name == "none":
+    raise ValueError("attack.dataless attackers have no data to train on: they need an upload attack that crafts "
+                     "their models (attack.name, e.g. fang_krum)")
+  if a.data.kind != "none":
+    raise ValueError(f"attack.dataless attackers hold no data for attack.data.kind={a.data.kind!r} to poison")
+  if str(a.get("clients", "") or "").strip():
+    raise ValueError("attack.dataless and attack.clients both name the attackers: set one")
+  check_nominal_weight(a.get("dataless_weight", "mean"))
+  cohort = cohort_size(config, partitions)
+  if not 1 <= cohort - dataless <= partitions:
+    raise ValueError(f"attack.dataless={dataless} attackers in a cohort of {cohort} (round(server.participation x "
+                     f"{partitions} partitions)) leave {cohort - dataless} benign slots: need 1..{partitions}")
+  sampler = config.get("sampler")
+  if sampler is not None and sampler.name not in ("uniform", "stratified"):
+    raise ValueError(f"attack.dataless attackers take part in every round (stratified sampler); "
+                     f"sampler.name={sampler.name!r} cannot say so")
+  if sampler is not None and sampler.name == "stratified" and int(sampler.get("attackers", -1)) not in (-1, dataless):
+    raise ValueError(f"attack.dataless={dataless} attackers are all in every round, but sampler.attackers="
+                     f"{sampler.attackers}")
+
+
 def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment:
   """Loads data, builds the model, the algorithm and the simulator described by ``config``."""
   data = data if data is not None else build_federated_data(config.data)
   attack_cfg = config.get("attack")
+  partitions = data.num_clients  # before any dataless attacker is added: the cohort is a share of these
+  dataless = int(attack_cfg.get("dataless", 0) or 0) if attack_cfg is not None else 0
+  if dataless:
+    check_dataless_attack(config, dataless, partitions)
+    data = with_dataless_clients(data, dataless)
   malicious, attack, backdoor, attack_data = None, None, None, None
   client_attack = client_attack_from_config(attack_cfg.get("client")) if attack_cfg is not None else None
   attack_fields, field_attacks = ((), {}) if attack_cfg is None else attacks.upload_fields_from_config(
@@ -523,7 +569,7 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   elif strategy_name == "auto":
     strategy_name = default_strategy_name(backend, conv, jax.device_count())
   strategy = make_strategy(strategy_name, config.engine.num_devices or None)
-  cohort = cohort_size(config, data.num_clients)
+  cohort = cohort_size(config, partitions)  # dataless attackers come on top of the benign partitions' share
   agg_cfg = config.get("aggregator")
   entry = algorithm_entry(config.algorithm.name)
   aggregator, server_data = None, None
@@ -545,14 +591,18 @@ def build_experiment(config: ml_collections.ConfigDict, data=None) -> Experiment
   transform = None
   if attack is not None or field_attacks:
     transform = attacks.as_upload_transform(attack, malicious, fields=attack_fields, field_attacks=field_attacks)
-  sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort,
-                                attack_fraction=0.0 if malicious is None else float(malicious.mean()))
+  if dataless:  # all of them in every round, the rest of the cohort drawn from the benign partitions
+    sampler = StratifiedSampler(dataless, cohort)
+  else:
+    sampler = sampler_from_config(config.get("sampler"), data.num_clients, cohort,
+                                  attack_fraction=0.0 if malicious is None else float(malicious.mean()))
   simulator = Simulator(algorithm, data, model, strategy, cohort, upload_transform=transform,
                         eval_batch_size=int(config.engine.eval_batch_size), malicious=malicious, backdoor=backdoor,
                         server_data=server_data, sampler=sampler,
                         evaluators=evaluators, attack_data=attack_data,
                         eval_options={} if robust_eval is None else {"robust": robust_eval},
-                        global_test_rows=global_test_rows(config, data))
+                        global_test_rows=global_test_rows(config, data),
+                        dataless_weight=attack_cfg.get("dataless_weight", "mean") if dataless else None)
   return Experiment(config, data, module, params, algorithm, simulator, strategy_name, unroll, malicious, model_state,
                     algorithm_with, pretrain_records, local_steps, attack_unroll, trap)
 

@@ -143,6 +143,10 @@ class Simulator:
       evaluator; default FGSM, BIM, PGD, CW at ε = 8/255).
     global_test_rows: optional indices of the global test rows the evaluators score the global model on (default
       all): a cheaper ``global_test_acc`` for long CPU runs whose metric is the clients' own accuracy.
+    dataless_weight: the aggregation weight of cohort attackers that hold no data (``n = 0``: the dataless attackers
+      of FedCC's code, :func:`~fedjax_robust.data.federated.with_dataless_clients`): ``"mean"`` = the mean weight of
+      the cohort's benign members with data, or a positive number; ``None`` (default) = their sample count, 0,
+      which every rule reads as "must not count" (:func:`nominal_weights`).
   """
 
   def __init__(self, algorithm: FedAlgorithm, data, apply_fn, strategy=None, cohort_size: Optional[int] = None,
@@ -150,8 +154,9 @@ class Simulator:
                malicious: Optional[np.ndarray] = None, backdoor: Optional[tuple[np.ndarray, int]] = None,
                server_data: Optional[ClientData] = None, sampler: Optional[CohortSampler] = None,
                evaluators=None, attack_data: Optional[ClientData] = None, eval_options: Optional[dict] = None,
-               global_test_rows: Optional[np.ndarray] = None):
+               global_test_rows: Optional[np.ndarray] = None, dataless_weight: Optional[str | float] = None):
     self.algorithm = algorithm
+    self.dataless_weight = check_nominal_weight(dataless_weight)
     self.eval_options = dict(eval_options or {})
     self.model: Model = as_model(apply_fn)
     self.apply_fn = self.model.logits  # (params or variables, x) -> eval-mode logits
@@ -266,6 +271,8 @@ class Simulator:
     weigh = self.algorithm.malicious_weight
     if self.attack_slots and weigh is not None and attack_data is not None:
       weights = jnp.where(malicious[cohort], jnp.asarray(weigh(attack_data), weights.dtype), weights)
+    if self.dataless_weight is not None:
+      weights = nominal_weights(weights, malicious[cohort], self.dataless_weight)
     return _Prepared(cohort, payload, _gather(state.clients, cohort), data, client_keys, weights, aux_key,
                      server_key)
 
@@ -506,6 +513,38 @@ def _report_on_attack_data(client_report: Callable, payload, client_state, data,
   return client_report(payload, client_state, attack_data, key)
 
 
+def check_nominal_weight(nominal):
+  """``None``, ``"mean"`` or a positive finite number (``Simulator(dataless_weight=...)``)."""
+  if nominal is None or nominal == "mean":
+    return nominal
+  try:
+    value = float(nominal)
+  except (TypeError, ValueError):
+    raise ValueError(f"dataless_weight must be 'mean' or a positive number, got {nominal!r}") from None
+  if not (np.isfinite(value) and value > 0):
+    raise ValueError(f"dataless_weight must be 'mean' or a positive number, got {nominal!r}")
+  return value
+
+
+def nominal_weights(weights: jax.Array, malicious: jax.Array, nominal: str | float) -> jax.Array:
+  """The cohort's aggregation weights with every attacker of weight 0 (one without data) given ``nominal``.
+
+  A rule reads weight 0 as "must not count" (padding, a client with no data), so a crafted model from an attacker
+  that holds no data would never reach it. FedCC's code sends such models (specs/fedcc.md §2.6 [R]) and weighs
+  every model alike; ``"mean"`` claims the mean weight of the cohort's benign members with data (1 when there is
+  none), what a sample-weighted rule would expect of a typical client, and changes nothing for a uniform rule.
+  Benign clients and attackers with data keep their weights.
+  """
+  malicious = jnp.asarray(malicious, bool)
+  if nominal == "mean":
+    honest = ~malicious & (weights > 0)
+    count = jnp.sum(honest)
+    value = jnp.where(count > 0, jnp.sum(jnp.where(honest, weights, 0.0)) / jnp.maximum(count, 1), 1.0)
+  else:
+    value = jnp.asarray(float(nominal), weights.dtype)
+  return jnp.where(malicious & (weights <= 0), value.astype(weights.dtype), weights)
+
+
 def _step_weighted_mean(loss: jax.Array, steps: jax.Array) -> jax.Array:
   """The cohort's loss per local step: ``Σ loss_c steps_c / Σ steps_c``. Clients with zero weight are not read
   (``0 * nan = nan``), so a left-out client whose training diverged cannot turn the mean NaN."""
@@ -513,13 +552,22 @@ def _step_weighted_mean(loss: jax.Array, steps: jax.Array) -> jax.Array:
 
 
 def _client_metrics(correct, count, benign: Optional[np.ndarray], prefix: str = "") -> dict[str, Any]:
-  """Per-client accuracy (``client_acc``), its mean, the test-size-weighted mean, and both over benign clients."""
+  """Per-client accuracy (``client_acc``), its mean, the test-size-weighted mean, and both over benign clients.
+
+  A client without a test split (a dataless attacker) has no accuracy: ``client_acc`` lists 0 for it and the means
+  leave it out (the mean over no client is NaN)."""
   correct, count = np.asarray(correct), np.asarray(count)
   acc = correct / np.maximum(count, 1)
-  metrics = {f"{prefix}client_acc_mean": float(acc.mean()),
+  scored = count > 0
+
+  def mean_over(rows) -> float:
+    return float(acc[rows].mean()) if rows.any() else float("nan")
+
+  metrics = {f"{prefix}client_acc_mean": mean_over(scored),
              f"{prefix}client_acc_weighted": float(correct.sum() / max(count.sum(), 1)),
              f"{prefix}client_acc": acc.tolist()}
   if benign is not None:
+    benign = np.asarray(benign, bool)
     metrics[f"{prefix}benign_acc_weighted"] = float(correct[benign].sum() / max(count[benign].sum(), 1))
-    metrics[f"{prefix}benign_acc_mean"] = float(acc[benign].mean()) if benign.any() else float("nan")
+    metrics[f"{prefix}benign_acc_mean"] = mean_over(benign & scored)
   return metrics

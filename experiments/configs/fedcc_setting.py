@@ -2,7 +2,7 @@
 batch 100, the paper's CNNs, uniform (unweighted) aggregation, per-scenario epochs and rounds.
 
 Not a config file to run by itself: ``fedcc_fmnist.py``, ``fedcc_cifar10.py`` and ``fedcc_cifar100.py`` call
-:func:`get_config` with their dataset. Their argument is ``<scenario>[,iid][,<rule>]``:
+:func:`get_config` with their dataset. Their argument is ``<scenario>[,iid][,<rule>][,dataless]``:
 
 * scenario: ``none`` (Table II) | ``fang_krum`` | ``fang_median`` (Table III, f = 3 of 10) | ``targeted``
   (Table III, f = 1: client 0 trains on its data and on one mislabelled test image D_mal, 6 alternating epochs
@@ -10,7 +10,11 @@ Not a config file to run by itself: ``fedcc_fmnist.py``, ``fedcc_cifar10.py`` an
 * ``iid``: the IID split (default: non-IID, per-class Dirichlet alpha = 0.2, spec §4.2);
 * rule: the server's rule (default ``fedcc``): ``fedavg`` (uniform mean), ``krum``, ``median``, ``bulyan``,
   ``flare``, or ``fedcc_<similarity>`` for Table I (``fedcc_linear_cka``, ``fedcc_mmd``, ``fedcc_cosine``,
-  ``fedcc_euclidean``).
+  ``fedcc_euclidean``);
+* ``dataless`` (untargeted scenarios): the attacker placement of FedCC's code (spec §2.6 [R]): the f = 3 crafted
+  models come from attackers without data, besides 7 benign clients drawn every round from all 10 partitions
+  (:func:`use_dataless_attackers`). Without it (the default, the spec's alternative) attackers are clients 0-2,
+  whose partitions never train: the same under IID, 30% of the data lost for good under non-IID.
 
 Rounds and epochs (spec §4.4, §4.6, from the code): untargeted 30 rounds x E = 5, no attack 20 x 3, targeted 40 x 3.
 
@@ -37,10 +41,10 @@ RULES = ("fedcc", "fedavg", "krum", "median", "bulyan", "flare", "fedcc_linear_c
          "fedcc_euclidean")
 
 
-def parse_argument(arg: str) -> tuple[str, bool, str]:
-  """``"fang_median,iid,krum"`` -> ``("fang_median", True, "krum")``."""
+def parse_argument(arg: str) -> tuple[str, bool, str, bool]:
+  """``"fang_median,iid,krum,dataless"`` -> ``("fang_median", True, "krum", True)``."""
   parts = [p for p in (arg or "none").replace(" ", "").split(",") if p]
-  scenario, iid, rule = parts[0], False, "fedcc"
+  scenario, iid, rule, dataless = parts[0], False, "fedcc", False
   for p in parts[1:]:
     if p == "iid":
       iid = True
@@ -48,11 +52,26 @@ def parse_argument(arg: str) -> tuple[str, bool, str]:
       iid = False
     elif p in RULES:
       rule = p
+    elif p == "dataless":
+      dataless = True
     else:
-      raise ValueError(f"unknown FedCC config part {p!r}: 'iid', 'noniid' or a rule of {RULES}")
+      raise ValueError(f"unknown FedCC config part {p!r}: 'iid', 'noniid', 'dataless' or a rule of {RULES}")
   if scenario not in SCENARIOS:
     raise ValueError(f"unknown FedCC scenario {scenario!r}; choose one of {sorted(SCENARIOS)}")
-  return scenario, iid, rule
+  if dataless and scenario not in ("fang_krum", "fang_median"):
+    raise ValueError(f"'dataless' attackers craft untargeted models (fang_krum, fang_median); scenario {scenario!r} "
+                     "has none, or an attacker that trains on its own data")
+  return scenario, iid, rule, dataless
+
+
+def use_dataless_attackers(c) -> None:
+  """FedCC's code's attacker placement (spec §2.6 [R]): every round's n = round(participation x K) participants are
+  f = round(attack.fraction x n) crafted models from attackers without data and n - f benign clients drawn from all
+  K partitions (``attack.dataless``; the engine samples both parts). Call it after the setting's K, participation
+  and fraction are final (Table IV: K = 100, n = 10 / 30 / 50, f = 3 / 9 / 15; Fig. 5: fraction = f / 10)."""
+  n = max(1, int(round(float(c.server.participation) * int(c.data.num_clients))))
+  c.attack.dataless = max(1, int(round(float(c.attack.fraction) * n)))
+  c.sampler.name = "uniform"  # not the fixed-attacker stratified draw: the dataless attackers bring their own
 
 
 def rule_config(rule: str, scenario: str) -> dict:
@@ -75,7 +94,7 @@ def rule_config(rule: str, scenario: str) -> dict:
 
 
 def get_config(dataset: str, arg: str = "none"):
-  scenario, iid, rule = parse_argument(arg)
+  scenario, iid, rule, dataless = parse_argument(arg)
   data_name, model_name, model_kwargs = DATASETS[dataset]
   rounds, epochs = SCENARIOS[scenario]
   c = default_config()
@@ -103,5 +122,7 @@ def get_config(dataset: str, arg: str = "none"):
     c.attack.params = ml_collections.ConfigDict({"factor": 5.0})
     c.attack.client.name, c.attack.client.epochs, c.attack.client.samples = "backdoor_training", 6, 1
     c.attack.client.lr, c.attack.client.weight_decay, c.attack.client.batch_size = 5e-3, 5e-3, 100
-  c.output.name = f"fedcc_{dataset}_{scenario}_{'iid' if iid else 'noniid'}_{rule}"
+  if dataless:
+    use_dataless_attackers(c)
+  c.output.name = f"fedcc_{dataset}_{scenario}_{'iid' if iid else 'noniid'}_{rule}" + ("_dataless" if dataless else "")
   return c

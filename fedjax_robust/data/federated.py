@@ -78,3 +78,35 @@ def stack_padded(arrays: list[np.ndarray], dtype=None) -> tuple[np.ndarray, np.n
   for k, a in enumerate(arrays):
     out[k, : len(a)] = a
   return out, counts
+
+
+def with_dataless_clients(data: FederatedData, count: int) -> FederatedData:
+  """``data`` with ``count`` more clients that hold no rows, appended as ids ``K .. K + count - 1``.
+
+  Why: in FedCC's code (specs/fedcc.md §2.6 [R]) the untargeted attackers own no partition; every round the
+  server takes ``n - f`` benign clients from the ``K`` partitions and ``f`` crafted models besides, so no data is
+  lost to the attackers, whereas attackers chosen among the partitions would take their clients' data out of
+  training for good (not equivalent under non-IID). The new clients' train and test splits are empty (``n = 0``,
+  zero padding of the existing shapes); the engine gives them a nominal aggregation weight
+  (``Simulator(dataless_weight=...)``), since a weight of 0 means "must not count" to every rule.
+  """
+  count = int(count)
+  if count < 0:
+    raise ValueError(f"with_dataless_clients: count must be >= 0, got {count}")
+  if count == 0:
+    return data
+
+  def grow(a: np.ndarray) -> np.ndarray:
+    return np.concatenate([a, np.zeros((count,) + a.shape[1:], a.dtype)])
+
+  empty = [np.zeros((0,), np.int64) for _ in range(count)]
+  ids = list(range(data.num_clients, data.num_clients + count))
+  schedule = data.train_schedule
+  if schedule is not None:  # data dynamics: the new clients have no base rows either
+    schedule = schedule._replace(n_base=grow(np.asarray(schedule.n_base)))
+  return dataclasses.replace(
+      data, x_train=grow(data.x_train), y_train=grow(data.y_train), n_train=grow(data.n_train),
+      x_test=grow(data.x_test), y_test=grow(data.y_test), n_test=grow(data.n_test),
+      client_train_indices=list(data.client_train_indices) + (empty if data.client_train_indices else []),
+      client_test_indices=list(data.client_test_indices) + (empty if data.client_test_indices else []),
+      info={**data.info, "dataless_clients": ids}, train_schedule=schedule)
