@@ -511,7 +511,8 @@ def main():
                              pick(args.rules, SIMILARITIES if args.mode == "table1" else RULES),
                              pick(args.attacks, ATTACKS), attackers_of(args.attackers))]
   draw = figure_of(args.mode) if args.figure else None  # refused before any cell runs
-  print(grid.run_and_tabulate(cells, args, TABLES[args.mode]))
+  # Dataless cells are keyed <key>__dl, which the mode's table does not read: show them beside any fixed ones.
+  print(grid.run_and_tabulate(cells, args, placement if suffix else TABLES[args.mode]))
   if draw is not None:
     draw(grid.merged_results(Path(args.out_dir)), Path(args.figure))
 

@@ -171,3 +171,42 @@ def test_fig5_from_several_files_shows_table3s_f3_cell_beside_the_sweep(tmp_path
     path.write_text(json.dumps(cells))
   text = t.table_from_json(",".join(map(str, paths)), "fig5")
   assert "| Fang-Med | CIFAR10 | FedCC | 31.00 | 30.00 | 29.00 | 28.00 |" in text
+
+
+def test_dataless_placement_configures_the_codes_attackers():
+  """Spec §2.6 [R]: f = 30% of each round's n participants are crafted models of attackers without data, the other
+  n - f drawn from all K partitions; the config part ``dataless`` and ``--placement dataless`` set it."""
+  from experiments import fedcc_tables as t
+  import argparse
+  c = config("cifar10", "fang_median,noniid,krum,dataless")
+  assert (c.attack.dataless, c.data.num_clients, c.server.participation, c.sampler.name) == (3, 10, 1.0, "uniform")
+  assert c.output.name.endswith("_dataless") and config("cifar10", "fang_median").attack.dataless == 0
+  for bad in ("none,dataless", "targeted,dataless"):
+    with pytest.raises(ValueError, match="untargeted"):
+      config("cifar10", bad)
+  args = argparse.Namespace(rounds=0, epochs=0, seed=0, seeds="", data_dir=None, checkpoint_every=0, resume=False,
+                            strategy="", set=[], placement="dataless")
+  # Table IV: n = 10 / 30 / 50 of K = 100 partitions, f = 3 / 9 / 15 per round; Fig. 5: f of 10.
+  for variant, f in (("k100_p0.1", 3), ("k100_p0.3", 9), ("k100_p0.5", 15), ("f1", 1), ("f4", 4), ("", 3)):
+    cell = t.cell_config("fang_krum", "noniid", "cifar10", "fedcc", variant, args)
+    assert cell.attack.dataless == f, variant
+  with pytest.raises(SystemExit, match="untargeted"):
+    t.cell_config("targeted", "noniid", "cifar10", "fedcc", "", args)
+  args.placement = "wherever"
+  with pytest.raises(SystemExit, match="placement"):
+    t.placement_of(args)
+
+
+def test_placement_table_sets_dataless_cells_beside_fixed_ones(tmp_path):
+  from experiments import fedcc_tables as t
+  base = t.cell_key("fang_median", "noniid", "cifar10", "fedcc")
+  k100 = t.cell_key("fang_krum", "noniid", "cifar10", "median", "k100_p0.3")
+  results = {base: {"value": 29.0, "rounds": 15, "epochs": 2},
+             base + t.DATALESS_SUFFIX: {"value": 33.5, "value_std": 0.5, "rounds": 15, "epochs": 2},
+             k100 + t.DATALESS_SUFFIX: {"value": 12.0, "rounds": 15, "epochs": 2}}
+  path = tmp_path / "r.json"
+  path.write_text(json.dumps(results))
+  text = t.table_from_json(path, "placement")
+  assert "| Fang-Med | non-IID | CIFAR10 | FedCC | — | 29.00 | 33.50 ± 0.50 | +4.50 | 42.37 |" in text
+  assert "| Fang-Krum | non-IID | CIFAR10 | Coomed | k100_p0.3 | — | 12.00 | — | 12.59 |" in text  # Table IV's
+  assert "(no cell stored" in t.placement({base: results[base]})
