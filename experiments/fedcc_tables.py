@@ -402,7 +402,13 @@ def placement(results: dict) -> str:
   lines = ["| Attack | Dist | Dataset | Rule | Variant | fixed ids | dataless | dataless − fixed | paper |",
            "|---" * 9 + "|"]
   present = {}
-  for key in sorted(k for k in results if k.endswith(DATALESS_SUFFIX)):
+  def order(key):  # the tables' order: attack, dist, dataset, variant, then RULES' order of the rules
+    attack, dist, dataset, rule, *rest = key[: -len(DATALESS_SUFFIX)].split("__")
+    rank = lambda value, known: list(known).index(value) if value in known else len(known)
+    return (rank(attack, ATTACKS), rank(dist, DISTS), rank(dataset, DATASETS), rest,
+            rank(rule, {**RULES, **SIMILARITIES}), rule)
+
+  for key in sorted((k for k in results if k.endswith(DATALESS_SUFFIX)), key=order):
     base = key[: -len(DATALESS_SUFFIX)]
     attack, dist, dataset, rule, *rest = base.split("__")
     variant = rest[0] if rest else ""

@@ -117,3 +117,19 @@ def test_dataless_config_errors(overrides, match):
   c.update_from_flattened_dict(overrides)
   with pytest.raises(ValueError, match=match):
     build_experiment(c)
+
+
+def test_dataless_attackers_in_a_vmapped_seeds_run(tmp_path):
+  """Seeds share the dataless attackers (the last f ids) and their nominal weight; each seed's run equals its
+  single run."""
+  from fedjax_robust.run import run_seeds
+  c = dataless_config(**{"rounds": 2, "seeds": "0,1", "aggregator.name": "median"})
+  run_seeds(c, tmp_path / "seeds")
+  for seed in (0, 1):
+    malicious = json.loads((tmp_path / "seeds" / f"seed_{seed}" / "malicious.json").read_text())
+    assert malicious["malicious_clients"] == [10, 11, 12]
+  from fedjax_robust.run import seed_config
+  single = run_experiment(seed_config(dataless_config(**{"rounds": 2, "aggregator.name": "median"}), 1),
+                          tmp_path / "one")
+  seed_1 = json.loads((tmp_path / "seeds" / "seed_1" / "summary.json").read_text())
+  assert seed_1["final"]["global_test_acc"] == pytest.approx(single["final"]["global_test_acc"], abs=1e-6)
