@@ -142,9 +142,10 @@ def cell_config(scenario: str, dist: str, dataset: str, rule: str, variant: str,
   elif variant.startswith("f"):  # Fig. 5: f of the K clients are attackers (floor(K * fraction) of them)
     config.attack.fraction = int(variant[1:]) / config.data.num_clients
   if placement_of(args) == "dataless":  # after the variant: f follows its K, participation and fraction
-    if scenario not in ("fang_krum", "fang_median"):
-      raise SystemExit(f"--placement dataless: untargeted cells only (fang_krum, fang_median), not {scenario!r}")
-    fedcc_setting().use_dataless_attackers(config)
+    setting = fedcc_setting()
+    if scenario not in setting.DATALESS_SCENARIOS:
+      raise SystemExit(f"--placement dataless: untargeted cells only {setting.DATALESS_SCENARIOS}, not {scenario!r}")
+    setting.use_dataless_attackers(config)
     config.output.name += "_dataless"
   config = grid.apply_run_args(config, args)
   config.rounds = args.rounds or rounds  # 0 = the scenario's own (spec §4.6)
@@ -402,16 +403,17 @@ def placement(results: dict) -> str:
   lines = ["| Attack | Dist | Dataset | Rule | Variant | fixed ids | dataless | dataless − fixed | paper |",
            "|---" * 9 + "|"]
   present = {}
-  def order(key):  # the tables' order: attack, dist, dataset, variant, then RULES' order of the rules
-    attack, dist, dataset, rule, *rest = key[: -len(DATALESS_SUFFIX)].split("__")
-    rank = lambda value, known: list(known).index(value) if value in known else len(known)
-    return (rank(attack, ATTACKS), rank(dist, DISTS), rank(dataset, DATASETS), rest,
-            rank(rule, {**RULES, **SIMILARITIES}), rule)
-
-  for key in sorted((k for k in results if k.endswith(DATALESS_SUFFIX)), key=order):
-    base = key[: -len(DATALESS_SUFFIX)]
-    attack, dist, dataset, rule, *rest = base.split("__")
-    variant = rest[0] if rest else ""
+  rows = []  # (fixed key, dataless key, attack, dist, dataset, rule, variant)
+  for key in results:
+    if key.endswith(DATALESS_SUFFIX):
+      base = key[: -len(DATALESS_SUFFIX)]
+      attack, dist, dataset, rule, *rest = base.split("__")
+      rows.append((base, key, attack, dist, dataset, rule, rest[0] if rest else ""))
+  rank = lambda value, known: list(known).index(value) if value in known else len(known)
+  # the tables' order: attack, dist, dataset, variant, then RULES' order of the rules
+  rows.sort(key=lambda r: (rank(r[2], ATTACKS), rank(r[3], DISTS), rank(r[4], DATASETS), r[6],
+                           rank(r[5], {**RULES, **SIMILARITIES}), r[5]))
+  for base, key, attack, dist, dataset, rule, variant in rows:
     fixed, dataless = results.get(base), results[key]
     present[key] = dataless
     if fixed is not None:

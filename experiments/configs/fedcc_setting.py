@@ -37,6 +37,7 @@ SCENARIOS = {  # scenario -> (rounds, local epochs)
     "fang_median": (30, 5),
     "targeted": (40, 3),
 }
+DATALESS_SCENARIOS = ("fang_krum", "fang_median")  # the attacks whose models are crafted, needing no data of their own
 RULES = ("fedcc", "fedavg", "krum", "median", "bulyan", "flare", "fedcc_linear_cka", "fedcc_mmd", "fedcc_cosine",
          "fedcc_euclidean")
 
@@ -58,8 +59,8 @@ def parse_argument(arg: str) -> tuple[str, bool, str, bool]:
       raise ValueError(f"unknown FedCC config part {p!r}: 'iid', 'noniid', 'dataless' or a rule of {RULES}")
   if scenario not in SCENARIOS:
     raise ValueError(f"unknown FedCC scenario {scenario!r}; choose one of {sorted(SCENARIOS)}")
-  if dataless and scenario not in ("fang_krum", "fang_median"):
-    raise ValueError(f"'dataless' attackers craft untargeted models (fang_krum, fang_median); scenario {scenario!r} "
+  if dataless and scenario not in DATALESS_SCENARIOS:
+    raise ValueError(f"'dataless' attackers craft untargeted models {DATALESS_SCENARIOS}; scenario {scenario!r} "
                      "has none, or an attacker that trains on its own data")
   return scenario, iid, rule, dataless
 
