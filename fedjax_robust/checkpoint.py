@@ -73,9 +73,36 @@ def is_abandoned_orbax_read(unraisable) -> bool:
   return False
 
 
+def is_unretrieved_orbax_read(record: logging.LogRecord) -> bool:
+  """Whether an ``asyncio`` log record is the other form of those reports: the gathering future of the failed
+  reads, discarded with its exception unread, logged as "_GatheringFuture exception was never retrieved" with
+  orbax's reader in the traceback (and nothing else)."""
+  if "exception was never retrieved" not in record.getMessage() or not record.exc_info:
+    return False
+  error = record.exc_info[1]
+  while error is not None:
+    tb = error.__traceback__
+    while tb is not None:
+      code = tb.tb_frame.f_code
+      if code.co_name == _ORBAX_READER and "orbax" in Path(code.co_filename).parts:
+        return True
+      tb = tb.tb_next
+    error = error.__cause__ or error.__context__
+  return False
+
+
+class _DropUnretrievedOrbaxReads(logging.Filter):
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not is_unretrieved_orbax_read(record)
+
+
 def _drop_abandoned_orbax_reads() -> None:
   """Install (once) an unraisable-exception hook that drops :func:`is_abandoned_orbax_read` reports and hands every
-  other one to the hook it replaces. Installed only once a restore has failed."""
+  other one to the hook it replaces, and a filter on the ``asyncio`` logger that drops
+  :func:`is_unretrieved_orbax_read` records. Installed only once a restore has failed."""
+  asyncio_logger = logging.getLogger("asyncio")
+  if not any(isinstance(f, _DropUnretrievedOrbaxReads) for f in asyncio_logger.filters):
+    asyncio_logger.addFilter(_DropUnretrievedOrbaxReads())
   if getattr(sys.unraisablehook, "drops_abandoned_orbax_reads", False):
     return
   previous = sys.unraisablehook

@@ -195,6 +195,52 @@ def test_only_abandoned_orbax_reads_are_dropped_and_only_after_a_failed_restore(
       coroutine.close()
 
 
+def _raised_in(name: str, filename: str) -> BaseException:
+  namespace: dict = {}
+  exec(compile(f"def {name}():\n  raise ValueError('OUT_OF_RANGE')\n", filename, "exec"), namespace)
+  try:
+    try:
+      namespace[name]()
+    except ValueError as inner:
+      raise Exception("Encountered error while reading array index") from inner
+  except Exception as outer:  # noqa: BLE001
+    return outer
+
+
+def test_only_unretrieved_orbax_reads_are_dropped_from_the_asyncio_log(monkeypatch):
+  """The second form of orbax's repeated reports (CI, 2026-12-02): asyncio logs the discarded gathering future
+  of the failed reads as an ERROR with a traceback, beside the one warning line of the skipped checkpoint."""
+  import logging
+  import sys
+
+  from fedjax_robust import checkpoint
+  orbax_file = "/site-packages/orbax/checkpoint/_src/serialization/serialization.py"
+
+  def record(message, error):
+    exc_info = (type(error), error, error.__traceback__) if error is not None else None
+    return logging.LogRecord("asyncio", logging.ERROR, "base_events.py", 1, message, (), exc_info)
+
+  unretrieved = "_GatheringFuture exception was never retrieved"
+  assert checkpoint.is_unretrieved_orbax_read(record(unretrieved, _raised_in("_read_array_index_and_device_put",
+                                                                              orbax_file)))
+  assert not checkpoint.is_unretrieved_orbax_read(record(unretrieved, _raised_in("_read_array_index_and_device_put",
+                                                                                  "/site-packages/mylib/io.py")))
+  assert not checkpoint.is_unretrieved_orbax_read(record(unretrieved, _raised_in("save", orbax_file)))
+  assert not checkpoint.is_unretrieved_orbax_read(record(unretrieved, None))
+  assert not checkpoint.is_unretrieved_orbax_read(record("Task was destroyed but it is pending!",
+                                                         _raised_in("_read_array_index_and_device_put", orbax_file)))
+
+  asyncio_logger = logging.getLogger("asyncio")
+  monkeypatch.setattr(asyncio_logger, "filters", [])
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after the test
+  checkpoint._drop_abandoned_orbax_reads()
+  checkpoint._drop_abandoned_orbax_reads()  # once
+  assert len(asyncio_logger.filters) == 1
+  assert not asyncio_logger.filters[0].filter(record(unretrieved, _raised_in("_read_array_index_and_device_put",
+                                                                              orbax_file)))
+  assert asyncio_logger.filters[0].filter(record(unretrieved, _raised_in("save", orbax_file)))
+
+
 def test_restoring_installs_nothing_until_a_restore_fails(tmp_path, monkeypatch):
   import sys
   sentinel = lambda unraisable: None  # noqa: E731
@@ -204,8 +250,10 @@ def test_restoring_installs_nothing_until_a_restore_fails(tmp_path, monkeypatch)
   run_experiment(c, tmp_path / "run")
   c.output.resume = True
   c.rounds = 3
+  import logging
+  monkeypatch.setattr(logging.getLogger("asyncio"), "filters", [])
   assert run_experiment(c, tmp_path / "run")["resumed_from_round"] == 2
-  assert sys.unraisablehook is sentinel
+  assert sys.unraisablehook is sentinel and not logging.getLogger("asyncio").filters
 
 
 def test_resuming_with_a_different_experiment_is_refused(tmp_path):
