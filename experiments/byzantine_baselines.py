@@ -90,7 +90,7 @@ def main():
     attacks, rules = list(ATTACKS), list(RULES)
   else:
     cells = [(f"{attack}__{rule}", cell_config(args, attack, rule), record) for attack in attacks for rule in rules]
-    grid.run_cells(cells, out, results_path, results)
+    grid.run_cells(grid.selected_cells(cells, args.only), out, results_path, results)
   merged = grid.merged_results(out)
   table = render(merged, "ours", [a for a in ATTACKS if a in attacks], [r for r in RULES if r in rules])
   (out / "table.md").write_text(table)

@@ -82,7 +82,7 @@ def main():
   out, results_path, results = grid.open_results(args.out_dir, args.shard)
   if not args.table_only:
     cells = [(name, run_config(args, name), recorder(args, name)) for name in args.runs.split(",")]
-    grid.run_cells(cells, out, results_path, results)
+    grid.run_cells(grid.selected_cells(cells, args.only), out, results_path, results)
   table = markdown_table(grid.merged_results(out))
   (out / "table.md").write_text(table)
   print(table)

@@ -289,7 +289,7 @@ def _record_tables(scenario: str):
 def run_tables(args, out: Path, results_path: Path, results: dict) -> str:
   if not args.table_only:
     cells = [(s, scenario_config(args, s), _record_tables(s)) for s in _selected(args.scenarios, SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
+    grid.run_cells(grid.selected_cells(cells, args.only), out, results_path, results, args.stop_after_s)
   return markdown_table(grid.merged_results(out), args.dataset)
 
 
@@ -350,7 +350,7 @@ def run_ablation(args, out: Path, results_path: Path, results: dict) -> str:
     cells = [(f"{v}__{s}", grid.apply_run_args(ablation_config(v, s), args), _record(VARIANTS[v][2]))
              for v in _selected(args.variants, VARIANTS, "variants")
              for s in _selected(args.scenarios, ABLATION_SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
+    grid.run_cells(grid.selected_cells(cells, args.only), out, results_path, results, args.stop_after_s)
   return ablation_table(grid.merged_results(out))
 
 
@@ -397,7 +397,7 @@ def run_personalized(args, out: Path, results_path: Path, results: dict) -> str:
     cells = [(f"{m}__{s}", grid.apply_run_args(personalized_config(m, s), args), _record_personalized(m, s))
              for m in _selected(args.methods, METHODS, "methods")
              for s in _selected(args.scenarios, PERSONALIZED_SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
+    grid.run_cells(grid.selected_cells(cells, args.only), out, results_path, results, args.stop_after_s)
   return personalized_table(grid.merged_results(out))
 
 
@@ -435,7 +435,7 @@ def run_ditto_agr(args, out: Path, results_path: Path, results: dict) -> str:
     cells = [(f"{m}__{s}", grid.apply_run_args(ditto_agr_config(m, s), args), _record(models[m]))
              for m in _selected(args.methods, DITTO_AGRS, "methods")
              for s in _selected(args.scenarios, DITTO_AGR_SCENARIOS, "scenarios")]
-    grid.run_cells(cells, out, results_path, results, args.stop_after_s)
+    grid.run_cells(grid.selected_cells(cells, args.only), out, results_path, results, args.stop_after_s)
   return ditto_agr_table(grid.merged_results(out))
 
 

@@ -27,6 +27,9 @@ def add_common_args(parser: argparse.ArgumentParser, out_dir: str | None) -> Non
   parser.add_argument("--shard", default="", help="write results.<shard>.json, so several processes (e.g. one per "
                       "cell group, on one GPU) can fill one out_dir; the table merges every results*.json there")
   parser.add_argument("--table_only", action="store_true", help="only merge the results*.json in out_dir")
+  parser.add_argument("--only", default="", metavar="PART[,PART]",
+                      help="run only the cells whose key contains one of these comma-separated parts (e.g. "
+                      "--only k100_p0.3,k100_p0.5 for two of Table IV's rows); the table still shows every stored cell")
   parser.add_argument("--stop_after_s", type=float, default=0.0, metavar="S",
                       help="start no new cell once S seconds have passed (a device session's time budget); 0 = run all")
   parser.add_argument("--checkpoint_every", type=int, default=0, metavar="N",
@@ -392,12 +395,28 @@ def cell_line(key: str, cell: dict) -> str:
   return f"{key:24s} {cell['value']:6.2f}{spread}{details} {cell['wall_s']:.0f}s"
 
 
+def selected_cells(cells, only: str) -> list:
+  """The cells whose key (for a grid program, any of its cell keys) contains one of ``only``'s comma-separated
+  parts; all of them when ``only`` is empty. A selection that matches no cell is an error, not an empty grid."""
+  cells = list(cells)
+  parts = [p for p in only.split(",") if p]
+  if not parts:
+    return cells
+  keys_of = lambda key: list(key.values()) if isinstance(key, dict) else [key]  # noqa: E731
+  chosen = [c for c in cells if any(p in k for k in keys_of(c[0]) for p in parts)]
+  if not chosen:
+    example = keys_of(cells[0][0])[0] if cells else "none"
+    raise SystemExit(f"--only {only} matches none of the {len(cells)} cells (e.g. {example})")
+  return chosen
+
+
 def run_and_tabulate(cells, args, render: Callable[[dict], str], finish_cell: Callable[[dict], None] | None = None
                      ) -> str:
   """A table script's main job: runs ``cells`` into ``args.out_dir`` (unless ``--table_only``), lets
   ``finish_cell`` reshape each new stored cell in place (then rewrites the results file), and renders the table of
   every results file there with ``render``, written to ``<out_dir>/<args.mode>.md`` and returned."""
   out, results_path, results = open_results(args.out_dir, args.shard)
+  cells = selected_cells(cells, args.only)
   if not args.table_only:
     run_cells(cells, out, results_path, results, args.stop_after_s)
     if finish_cell is not None:

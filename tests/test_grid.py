@@ -85,3 +85,14 @@ def test_load_pooled_takes_only_the_named_keys_of_a_file(tmp_path):
 def test_a_pooled_cell_keeps_the_setting_once_not_as_a_statistic():
   cell = grid.pool_seed_cells([_one_seed_cell(0, 84.0), _one_seed_cell(1, 88.0)])
   assert (cell["rounds"], cell["epochs"]) == (100, 1) and "rounds_std" not in cell and "wall_s_std" not in cell
+
+
+def test_only_selects_cells_by_a_part_of_their_key_and_refuses_an_empty_selection():
+  import pytest
+  cells = [("fang_krum__k100_p0.1", 1, None), ("fang_krum__k100_p0.3", 2, None),
+           ({"lr=0.1": "fedcac__a", "lr=0.2": "fedcac__b"}, 3, None)]
+  assert grid.selected_cells(cells, "") == cells
+  assert [c[1] for c in grid.selected_cells(iter(cells), "p0.3,__b")] == [2, 3]
+  assert [c[1] for c in grid.selected_cells(cells, "fang_krum")] == [1, 2]
+  with pytest.raises(SystemExit, match="matches none of the 3 cells"):
+    grid.selected_cells(cells, "p0.5")
