@@ -144,8 +144,13 @@ def per_round_series(run_dir: Path) -> dict:
   From ``metrics.jsonl`` (one record per round, 1..rounds, a resumed run's history included): each scalar of
   ``PER_ROUND_SCALARS`` the run logs, and, for runs that log FedCAP's calibrated upload norms (Eq. 7's ||Δ̂_k||,
   compared with T_norm), ``benign_max_upload_norm_per_round``: the largest norm among the round's cohort members
-  that are not attackers, i.e. how close the benign clients came to the threshold. ``malicious_clients`` comes
-  from ``malicious.json`` when the run wrote one (an attacked run); without it every client counts as benign.
+  that are not attackers, i.e. how close the benign clients came to the threshold. For attacked runs of a rule
+  that logs a per-client detection score (``detection_scores``, see ``aggregators.base.round_diagnostics``: FedCC's
+  CKA similarity to the global model, Krum's, DnC's and Zeno++'s scores), ``benign_score_range_per_round`` and
+  ``attacker_score_range_per_round``: each round's ``[min, max]`` over the cohort's benign clients and attackers
+  (``None`` when the round has none), i.e. how far apart the two groups were when the rule split them.
+  ``malicious_clients`` comes from ``malicious.json`` when the run wrote one (an attacked run); without it every
+  client counts as benign.
   """
   rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
   rounds = [int(r["round"]) for r in rows]
@@ -164,7 +169,16 @@ def per_round_series(run_dir: Path) -> dict:
     series["benign_max_upload_norm_per_round"] = [
         max((n for k, n in zip(r["cohort"], r["calibrated_norms"]) if k not in malicious), default=None)
         for r in rows]
+  if rows and malicious and all("detection_scores" in r for r in rows):
+    for group, is_attacker in (("benign", False), ("attacker", True)):
+      series[f"{group}_score_range_per_round"] = [
+          _range([s for k, s in zip(r["cohort"], r["detection_scores"]) if (k in malicious) == is_attacker])
+          for r in rows]
   return series
+
+
+def _range(values: list) -> list | None:
+  return [min(values), max(values)] if values else None
 
 
 Record = Callable[[dict, Path, object], dict]

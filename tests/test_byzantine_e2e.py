@@ -46,6 +46,14 @@ def test_flagging_rule_reports_detection_rates(tmp_path):
     assert row["detection_tp"] + row["detection_fp"] + row["detection_tn"] + row["detection_fn"] == 10
   # Scaled-up updates are far from everything: Multi-Krum leaves them out.
   assert rows[-1]["detection_tpr"] == 1.0
+  # ... on its per-client scores, logged in cohort order (aggregators.base.round_diagnostics): every attacker's
+  # Krum score (summed squared distance to its neighbours) above every benign client's.
+  attackers = set(json.loads((tmp_path / "mk" / "malicious.json").read_text())["malicious_clients"])
+  last = rows[-1]
+  assert len(last["detection_scores"]) == len(last["cohort"]) == 10
+  attacker_scores = [s for k, s in zip(last["cohort"], last["detection_scores"]) if k in attackers]
+  benign_scores = [s for k, s in zip(last["cohort"], last["detection_scores"]) if k not in attackers]
+  assert len(attacker_scores) == 3 and min(attacker_scores) > max(benign_scores)
 
 
 def test_backdoor_metrics_and_fltrust_root_data(tmp_path):

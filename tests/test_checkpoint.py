@@ -399,6 +399,20 @@ def test_per_round_series_of_a_hand_written_fedcap_run(tmp_path):
   assert grid.per_round_series(tmp_path / "clean")["benign_max_upload_norm_per_round"] == [5.0, 7.0]
 
 
+def test_per_round_series_of_a_hand_written_detecting_rule_run(tmp_path):
+  """Each round's [min, max] detection score of the cohort's benign clients and of its attackers (FedCC's CKA);
+  a round without attackers has None; an unattacked run keeps no ranges."""
+  grid = grid_module()
+  rows = [{"round": 1, "cohort": [0, 1, 2, 3], "detection_scores": [0.9, 0.2, 0.8, 0.95]},
+          {"round": 2, "cohort": [0, 2], "detection_scores": [0.7, 0.6]}]
+  _write_run(tmp_path / "attacked", rows, malicious=[1, 4])
+  series = grid.per_round_series(tmp_path / "attacked")
+  assert series["benign_score_range_per_round"] == [[0.8, 0.95], [0.6, 0.7]]
+  assert series["attacker_score_range_per_round"] == [[0.2, 0.2], None]
+  _write_run(tmp_path / "clean", rows)
+  assert "benign_score_range_per_round" not in grid.per_round_series(tmp_path / "clean")
+
+
 def test_per_round_series_keeps_only_what_every_round_logs_and_rejects_a_gappy_log(tmp_path):
   grid = grid_module()
   _write_run(tmp_path / "fedavg", [{"round": 1, "train_loss": 2.0}, {"round": 2, "train_loss": 1.0, "num_removed": 0}])

@@ -162,6 +162,17 @@ def finish(p: Prepared, update: PyTree, coeffs: jax.Array, flagged: Optional[jax
   return AggregateResult(update, coeffs, flagged | p.nonfinite, diag)
 
 
+def round_diagnostics(result: AggregateResult, weights: Optional[jax.Array] = None) -> dict:
+  """What a round logs of a rule's result, the same for every algorithm that aggregates through one: whom it
+  flagged, each client's aggregation weight (``weights`` when the algorithm re-weights the rule's), and, for a rule
+  that scores each client to decide (FedCC's CKA similarity, Krum's, DnC's and Zeno++'s scores, GAS),
+  ``detection_scores`` [C], so that how far apart benign clients and attackers were can be read from the log."""
+  diagnostics = {"flagged": result.flagged, "aggregation_weights": result.weights if weights is None else weights}
+  if "scores" in result.diagnostics:
+    diagnostics["detection_scores"] = result.diagnostics["scores"]
+  return diagnostics
+
+
 def normalize(v: jax.Array) -> jax.Array:
   total = jnp.sum(v)
   return jnp.where(total > 0, v / jnp.where(total > 0, total, 1.0), 0.0)

@@ -39,7 +39,7 @@ from flax import traverse_util
 
 from fedjax_robust.adversarial.objectives import Objective, cross_entropy_loss
 from fedjax_robust.aggregators import Aggregator, make_mean
-from fedjax_robust.aggregators.base import combine, finite_rows, zero_rows
+from fedjax_robust.aggregators.base import combine, finite_rows, round_diagnostics, zero_rows
 from fedjax_robust.hparams import check, may_be_nonzero
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.client import Batch, ClientData, LocalTrainSpec, local_train
@@ -250,7 +250,7 @@ def make_fedavg(
                             logits_fn=lambda p, x: model.logits(merge_variables(p, state.model_state), x))
     mask = jnp.ones(weights.shape, bool)
     result = aggregator.aggregate(uploads["delta"], weights, mask, agg_key, context)
-    diagnostics = {"flagged": result.flagged, "aggregation_weights": result.weights}
+    diagnostics = round_diagnostics(result)
     new_state = apply_server_update(server_opt, state, result.update)
     if "model_state" in uploads:
       new_state = new_state._replace(model_state=mean_model_state(uploads["model_state"], result.weights,

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators import Aggregator, make_mean
+from fedjax_robust.aggregators.base import round_diagnostics
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, mean_model_state, tree_sub
 from fedjax_robust.algorithms.hetero_common import (aggregate_deltas, included_count, linear_term, server_model,
@@ -130,7 +131,7 @@ def make_feddc(model: Model, client_opt: optax.GradientTransformation, spec: Loc
     if "model_state" in uploads:
       model_state = mean_model_state(uploads["model_state"], p, state.model_state)
     return (FedDCServerState(params, c, drift, model_state),
-            {"flagged": result.flagged, "aggregation_weights": p})
+            round_diagnostics(result, p))
 
   def personal_params(payload, client_state, data, key):
     return payload["model"]

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators import Aggregator, make_mean
+from fedjax_robust.aggregators.base import round_diagnostics
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, mean_model_state, tree_sub
 from fedjax_robust.algorithms.hetero_common import aggregate_deltas, included_count, linear_term, zeros_like_tree
@@ -101,7 +102,7 @@ def make_feddyn(model: Model, client_opt: optax.GradientTransformation, spec: Lo
     model_state = state.model_state
     if "model_state" in uploads:
       model_state = mean_model_state(uploads["model_state"], p, state.model_state)
-    return FedDynServerState(params, h, model_state), {"flagged": result.flagged, "aggregation_weights": p}
+    return FedDynServerState(params, h, model_state), round_diagnostics(result, p)
 
   def personal_params(payload, client_state, data, key):
     return payload

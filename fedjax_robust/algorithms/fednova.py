@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators import make_mean
+from fedjax_robust.aggregators.base import round_diagnostics
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import (ServerState, apply_server_update, classification_loss,
                                              mean_model_state, tree_sub)
@@ -89,7 +90,7 @@ def make_fednova(model: Model, client_opt: optax.GradientTransformation, spec: L
     new_state = apply_server_update(server_opt, state, update)
     if "model_state" in uploads:
       new_state = new_state._replace(model_state=mean_model_state(uploads["model_state"], p, state.model_state))
-    return new_state, {"flagged": result.flagged, "aggregation_weights": p, "tau_eff": tau_eff}
+    return new_state, {**round_diagnostics(result, p), "tau_eff": tau_eff}
 
   def personal_params(payload, client_state, data, key):
     return payload

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_robust.aggregators import Aggregator, make_mean
+from fedjax_robust.aggregators.base import round_diagnostics
 from fedjax_robust.algorithms.base import ClientOutput, FedAlgorithm
 from fedjax_robust.algorithms.fedavg import classification_loss, mean_model_state, tree_sub
 from fedjax_robust.algorithms.hetero_common import (aggregate_deltas, included_count, linear_term, server_model,
@@ -115,7 +116,7 @@ def make_scaffold(model: Model, client_opt: optax.GradientTransformation, spec: 
     model_state = state.model_state
     if "model_state" in uploads:
       model_state = mean_model_state(uploads["model_state"], p, state.model_state)
-    diagnostics = {"flagged": result.flagged, "aggregation_weights": p}
+    diagnostics = round_diagnostics(result, p)
     return ScaffoldServerState(params, c, model_state), diagnostics
 
   def personal_params(payload, client_state, data, key):
