@@ -433,8 +433,28 @@ def placement(results: dict) -> str:
   return "\n".join(lines + ["", _reduced_note(present)]) + "\n"
 
 
+def scores(results: dict) -> str:
+  """Why FedCC's 2-means split does or does not find the attackers: for every stored cell that kept each round's
+  CKA range of the cohort's benign clients and attackers (``grid.per_round_series``), the ranges over all rounds,
+  in how many rounds every attacker scored above (below) every benign client, and the detection rates."""
+  lines = ["| Cell | benign CKA [min, max] | attackers' CKA [min, max] | rounds attackers above / below / "
+           "inside | TPR | FPR | acc. |", "|---" * 7 + "|"]
+  for key, cell in results.items():
+    benign, attackers = cell.get("benign_score_range_per_round"), cell.get("attacker_score_range_per_round")
+    if not benign or not attackers:
+      continue
+    pairs = [(b, a) for b, a in zip(benign, attackers) if b and a]
+    above = sum(a[0] > b[1] for b, a in pairs)
+    below = sum(a[1] < b[0] for b, a in pairs)
+    span = lambda ranges: f"[{min(r[0] for r in ranges if r):.4f}, {max(r[1] for r in ranges if r):.4f}]"  # noqa: E731
+    rate = lambda name: "—" if cell.get(name) is None else f"{cell[name]:.2f}"  # noqa: E731
+    lines.append(f"| {key} | {span(benign)} | {span(attackers)} | {above} / {below} / {len(pairs) - above - below} "
+                 f"| {rate('detection_tpr')} | {rate('detection_fpr')} | {cell['value']:.2f} |")
+  return "\n".join(lines) + "\n"
+
+
 TABLES = {"table2": table2, "table3": table3, "table1": table1, "table4": table4, "table5": table5, "fig4": fig4,
-          "fig5": fig5, "placement": placement}
+          "fig5": fig5, "placement": placement, "scores": scores}
 FIGURES = {"fig4": fig4_figure, "fig5": fig5_figure}
 
 
@@ -513,6 +533,9 @@ def main():
   if args.mode == "placement":
     raise SystemExit("--mode placement only prints stored cells (--from_json); run their cells with --mode table3 / "
                      "table4 / fig5 --placement dataless")
+  if args.mode == "scores":
+    raise SystemExit("--mode scores only prints stored cells (--from_json); any attacked FedCC cell run since the "
+                     "rules log detection_scores keeps its per-round score ranges")
   suffix = DATALESS_SUFFIX if args.placement == "dataless" else ""
   cells = [(cell_key(*c) + suffix, cell_config(*c, args), record)
            for c in cells_of(args.mode, pick(args.datasets, DATASETS), pick(args.dists, DISTS),

@@ -210,3 +210,19 @@ def test_placement_table_sets_dataless_cells_beside_fixed_ones(tmp_path):
   assert "| Fang-Med | non-IID | CIFAR10 | FedCC | — | 29.00 | 33.50 ± 0.50 | +4.50 | 42.37 |" in text
   assert "| Fang-Krum | non-IID | CIFAR10 | Coomed | k100_p0.3 | — | 12.00 | — | 12.59 |" in text  # Table IV's
   assert "(no cell stored" in t.placement({base: results[base]})
+
+
+def test_scores_table_counts_the_rounds_the_attackers_stand_apart_by_hand():
+  from experiments import fedcc_tables as t
+  results = {
+      "split": {"value": 16.9, "detection_tpr": 1.0, "detection_fpr": 0.0,
+                "benign_score_range_per_round": [[0.90, 0.95], [0.92, 0.96], [0.91, 0.99]],
+                "attacker_score_range_per_round": [[0.97, 0.99], [0.80, 0.85], [0.95, 0.97]]},
+      "no_attackers_one_round": {"value": 10.0, "benign_score_range_per_round": [[0.5, 0.6], [0.4, 0.7]],
+                                 "attacker_score_range_per_round": [None, [0.9, 0.9]]},
+      "unscored": {"value": 20.0}}
+  text = t.scores(results)
+  # round 1 above (0.97 > 0.95), round 2 below (0.85 < 0.92), round 3 inside
+  assert "| split | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | 1.00 | 0.00 | 16.90 |" in text
+  assert "| no_attackers_one_round | [0.4000, 0.7000] | [0.9000, 0.9000] | 1 / 0 / 0 | — | — | 10.00 |" in text
+  assert "unscored" not in text
