@@ -58,12 +58,15 @@ def _quiet_orbax():
 _ORBAX_READER = "_read_array_index_and_device_put"
 
 
+def _is_orbax_reader(code: types.CodeType) -> bool:
+  return code.co_name == _ORBAX_READER and "orbax" in Path(code.co_filename).parts
+
+
 def is_abandoned_orbax_read(unraisable) -> bool:
   """Whether ``sys.unraisablehook``'s argument is one of those reports (and nothing else)."""
   obj, exc = unraisable.object, unraisable.exc_value
   if isinstance(obj, types.CoroutineType):
-    code = obj.cr_code
-    return code.co_name == _ORBAX_READER and "orbax" in Path(code.co_filename).parts
+    return _is_orbax_reader(obj.cr_code)
   if obj is None and isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
     tb = unraisable.exc_traceback
     while tb is not None:
@@ -83,8 +86,7 @@ def is_unretrieved_orbax_read(record: logging.LogRecord) -> bool:
   while error is not None:
     tb = error.__traceback__
     while tb is not None:
-      code = tb.tb_frame.f_code
-      if code.co_name == _ORBAX_READER and "orbax" in Path(code.co_filename).parts:
+      if _is_orbax_reader(tb.tb_frame.f_code):
         return True
       tb = tb.tb_next
     error = error.__cause__ or error.__context__
