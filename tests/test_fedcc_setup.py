@@ -88,6 +88,24 @@ def test_fig4_reads_the_targeted_cells_backdoor_confidence_curves(tmp_path):
   assert len(t.cells_of("fig4", ["cifar10"], ["noniid"], list(t.RULES))) == 6
 
 
+def test_table5_shows_its_cells_backdoor_metrics_below_the_accuracies():
+  from experiments import fedcc_tables as t
+  results = {t.cell_key("targeted", "noniid", "cifar10", "fedcc", "e6"): {
+                 "value": 31.5, "rounds": 3, "epochs": 4, "backdoor_confidence_per_round": [0.3, 0.2, 0.1],
+                 "backdoor_asr": 0.0, "detection_tpr": 1.0, "detection_fpr": 0.0},
+             t.cell_key("targeted", "noniid", "cifar10", "fedcc"): {  # Table III's cell: not a Table V row
+                 "value": 20.0, "rounds": 3, "epochs": 2, "backdoor_confidence_per_round": [0.9, 0.9, 0.9]}}
+  text = t.table5(results)
+  accuracy, backdoor = text.split("Backdoor metrics of the same cells")
+  assert "| CIFAR10 | — / 53.85 | — / 49.18 | — / 21.61 | 31.50 / 54.94 |" in accuracy
+  lines = [line for line in backdoor.splitlines() if line.startswith("| non-IID")]
+  # rounds 1, 2 (2*3/3 rounds to 2) and 3; no paper value beside it (Table I's 0.0118 is at Table III's epochs)
+  assert lines == ["| non-IID | CIFAR10 | FedCC | 31.50 | 1: 0.300, 2: 0.200, 3: 0.100 | 0.300 | 0.1000 / — | "
+                   "0.00 | 1.00 / 0.00 |"]
+  del results[t.cell_key("targeted", "noniid", "cifar10", "fedcc", "e6")]
+  assert "Backdoor metrics" not in t.table5(results)  # no Table V cell: no empty backdoor table
+
+
 def test_table1_adds_the_targeted_cells_final_backdoor_confidence_beside_the_papers():
   from experiments import fedcc_tables as t
   results = {t.cell_key("fang_median", "noniid", "cifar10", "fedcc_mmd"): {"value": 29.0, "rounds": 6, "epochs": 2}}
