@@ -238,9 +238,9 @@ def table5(results: dict) -> str:
   rows = [((DATASETS[dataset],), [results.get(cell_key("targeted", "noniid", dataset, r, "e6")) for r in TABLE4_RULES],
            paper) for dataset, paper in PAPER_TABLE5.items()]
   text = _ours_vs_paper(["Dataset"], [RULES[r] for r in TABLE4_RULES], rows, _reduced_note(results))
-  backdoor = _backdoor_lines(_targeted_rows(results, "e6"), with_paper=False)  # Table I's value is at E = 3
-  return text + ("\nBackdoor metrics of the same cells (as Fig. 4's table):\n\n" + "\n".join(backdoor) + "\n"
-                 if len(backdoor) > 2 else "")
+  backdoor = _backdoor_rows(_targeted_rows(results, "e6"), with_paper=False)  # Table I's value is at E = 3
+  return text + ("\nBackdoor metrics of the same cells (as Fig. 4's table):\n\n" +
+                 "\n".join(BACKDOOR_HEADER + backdoor) + "\n" if backdoor else "")
 
 
 def _confidence_curve(cell: dict) -> list[float] | None:
@@ -264,15 +264,18 @@ def fig4(results: dict) -> str:
   """Fig. 4 as a table: the targeted cells' backdoor confidence (mean softmax of the target class on D_mal, lower
   is better, spec §2.7) at the first, a third, two thirds and the last round and its maximum over rounds, the
   final backdoor accuracy (share of D_mal predicted as the target) and who was flagged at the last round."""
-  return "\n".join(_backdoor_lines(_targeted_rows(results)) + ["", _reduced_note(results)]) + "\n"
+  return "\n".join(BACKDOOR_HEADER + _backdoor_rows(_targeted_rows(results)) + ["", _reduced_note(results)]) + "\n"
 
 
-def _backdoor_lines(targeted_rows, with_paper: bool = True) -> list[str]:
-  """Fig. 4's table (header and one line per targeted cell with a per-round confidence curve); the paper's final
-  value beside FedCC's CIFAR-10 cells is Table I's (its only number for the backdoor, at Table III's epochs:
-  ``with_paper=False`` for other settings)."""
-  lines = ["| Dist | Dataset | Rule | accuracy % | backdoor confidence by round | max | final ours / paper | "
-           "backdoor acc. | last round TPR / FPR |", "|---" * 9 + "|"]
+BACKDOOR_HEADER = ["| Dist | Dataset | Rule | accuracy % | backdoor confidence by round | max | final ours / paper | "
+                   "backdoor acc. | last round TPR / FPR |", "|---" * 9 + "|"]
+
+
+def _backdoor_rows(targeted_rows, with_paper: bool = True) -> list[str]:
+  """Fig. 4's table rows below ``BACKDOOR_HEADER``, one per targeted cell with a per-round confidence curve; the
+  paper's final value beside FedCC's CIFAR-10 cells is Table I's (its only number for the backdoor, at Table III's
+  epochs: ``with_paper=False`` for other settings)."""
+  lines = []
   for dist, dataset, rule, cell in targeted_rows:
     curve = _confidence_curve(cell)
     if curve is None:
