@@ -450,13 +450,27 @@ def placement(results: dict) -> str:
   return "\n".join(lines + ["", _reduced_note(present)]) + "\n"
 
 
+def _seed_runs(results: dict):
+  """``(label, record)`` of every run in ``results``: a cell as it is, and a cell pooled over seeds
+  (``grid.pool_seed_cells``, or a vmapped seeds program) as one record per seed, labelled ``key (seed N)``, since
+  per-round series are per run and a mean of them would hide the rounds a table counts."""
+  for key, cell in results.items():
+    per_seed = cell.get("per_seed")
+    if isinstance(per_seed, dict) and per_seed:
+      for seed, record in per_seed.items():
+        yield f"{key} (seed {seed})", record
+    else:
+      yield key, cell
+
+
 def scores(results: dict) -> str:
-  """Why FedCC's 2-means split does or does not find the attackers: for every stored cell that kept each round's
+  """Why FedCC's 2-means split does or does not find the attackers: for every stored run that kept each round's
   CKA range of the cohort's benign clients and attackers (``grid.per_round_series``), the ranges over all rounds,
-  in how many rounds every attacker scored above (below) every benign client, and the detection rates."""
+  in how many rounds every attacker scored above (below) every benign client, and the detection rates. A cell
+  pooled over seeds gives one row per seed (:func:`_seed_runs`); runs without the ranges are left out."""
   lines = ["| Cell | benign CKA [min, max] | attackers' CKA [min, max] | rounds attackers above / below / "
            "inside | TPR | FPR | acc. |", "|---" * 7 + "|"]
-  for key, cell in results.items():
+  for key, cell in _seed_runs(results):
     benign, attackers = cell.get("benign_score_range_per_round"), cell.get("attacker_score_range_per_round")
     if not benign or not attackers:
       continue
@@ -467,6 +481,8 @@ def scores(results: dict) -> str:
     rate = lambda name: "—" if cell.get(name) is None else f"{cell[name]:.2f}"  # noqa: E731
     lines.append(f"| {key} | {span(benign)} | {span(attackers)} | {above} / {below} / {len(pairs) - above - below} "
                  f"| {rate('detection_tpr')} | {rate('detection_fpr')} | {cell['value']:.2f} |")
+  if len(lines) == 2:
+    return "(no stored run kept the per-round CKA ranges of its benign clients and attackers)\n"
   return "\n".join(lines) + "\n"
 
 

@@ -244,3 +244,24 @@ def test_scores_table_counts_the_rounds_the_attackers_stand_apart_by_hand():
   assert "| split | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | 1.00 | 0.00 | 16.90 |" in text
   assert "| no_attackers_one_round | [0.4000, 0.7000] | [0.9000, 0.9000] | 1 / 0 / 0 | — | — | 10.00 |" in text
   assert "unscored" not in text
+
+
+def test_scores_table_gives_each_pooled_seed_its_own_row(tmp_path):
+  """Two one-seed runs of one cell in two files pool into one seeds cell (``grid.load_pooled``); the per-round
+  ranges are per run, so the table shows each seed's counts, not a mean of them."""
+  from experiments import fedcc_tables as t
+  from experiments.grid import load_pooled
+
+  def run(seed, attackers):
+    return {"value": 40.0 + seed, "detection_tpr": 1.0, "detection_fpr": 0.0, "config": {"seed": seed},
+            "rounds": 2, "epochs": 2, "benign_score_range_per_round": [[0.90, 0.95], [0.90, 0.95]],
+            "attacker_score_range_per_round": attackers}
+
+  paths = []
+  for seed, attackers in ((1, [[0.97, 0.99], [0.96, 0.98]]), (2, [[0.80, 0.85], [0.91, 0.94]])):
+    paths.append(tmp_path / f"s{seed}.json")
+    paths[-1].write_text(json.dumps({"fang_krum__iid__cifar10__fedcc": run(seed, attackers)}))
+  text = t.scores(load_pooled(paths))
+  assert "| fang_krum__iid__cifar10__fedcc (seed 1) | [0.9000, 0.9500] | [0.9600, 0.9900] | 2 / 0 / 0 | 1.00 | 0.00 | 41.00 |" in text
+  assert "| fang_krum__iid__cifar10__fedcc (seed 2) | [0.9000, 0.9500] | [0.8000, 0.9400] | 0 / 1 / 1 | 1.00 | 0.00 | 42.00 |" in text
+  assert t.scores({"unscored": {"value": 20.0}}).startswith("(no stored run kept")
