@@ -455,10 +455,8 @@ def _seed_runs(results: dict):
   (``grid.pool_seed_cells``, or a vmapped seeds program) as one record per seed, labelled ``key (seed N)``, since
   per-round series are per run and a mean of them would hide the rounds a table counts."""
   for key, cell in results.items():
-    per_seed = cell.get("per_seed")
-    if isinstance(per_seed, dict) and per_seed:
-      for seed, record in per_seed.items():
-        yield f"{key} (seed {seed})", record
+    if cell.get("per_seed"):
+      yield from ((f"{key} (seed {seed})", record) for seed, record in cell["per_seed"].items())
     else:
       yield key, cell
 
