@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import fedalc_tables as tables  # noqa: E402
+from experiments import grid  # noqa: E402
 
 # figure -> (metric name of fedalc_tables.METRICS, y-axis quantity, the datasets the paper draws it for)
 FIGURES = {
@@ -47,9 +48,8 @@ def seed_curves(cell: dict, key: str) -> list[tuple[list[int], list[float]]]:
   """``[(rounds, accuracies in %)]``, one per seed, of metrics.jsonl ``key`` over the evaluated rounds that logged
   it: a seeds cell's ``per_seed[*].curves``, else the cell's own ``curves``; for the natural accuracy of a cell
   stored without curves, its every-round ``global_test_acc_per_round`` (``grid.per_round_series``)."""
-  runs = list(cell["per_seed"].values()) if cell.get("per_seed") else [cell]
   out = []
-  for run in runs:
+  for run in grid.seed_runs(cell).values():
     curves = run.get("curves") or {}
     if key in curves:
       pairs = [(int(r), 100.0 * float(v)) for r, v in zip(curves["round"], curves[key]) if v is not None]

@@ -581,7 +581,7 @@ def fig3_cells(results: dict, dataset: str) -> dict[str, dict]:
 
 def _mean_curve(cell: dict) -> tuple[list[int], list[float]] | None:
   """``(rounds, client_acc_mean in %)``: the cell's curve, or the seeds' mean curve."""
-  curves = [cell.get("curves")] if cell.get("curves") else [r.get("curves") for r in cell.get("per_seed", {}).values()]
+  curves = [r.get("curves") for r in grid.seed_runs(cell).values()]
   curves = [c for c in curves if c and c.get("client_acc_mean")]
   if not curves:
     return None

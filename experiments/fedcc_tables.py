@@ -245,10 +245,8 @@ def table5(results: dict) -> str:
 
 def _confidence_curve(cell: dict) -> list[float] | None:
   """A targeted cell's backdoor confidence per round (the seeds' mean for a seeds cell), or ``None``."""
-  if "backdoor_confidence_per_round" in cell:
-    return list(cell["backdoor_confidence_per_round"])
-  curves = [r.get("backdoor_confidence_per_round") for r in cell.get("per_seed", {}).values()]
-  if curves and all(curves):
+  curves = [r.get("backdoor_confidence_per_round") for r in grid.seed_runs(cell).values()]
+  if all(curves):
     return [sum(v) / len(curves) for v in zip(*curves)]
   return None
 
@@ -455,10 +453,8 @@ def _seed_runs(results: dict):
   (``grid.pool_seed_cells``, or a vmapped seeds program) as one record per seed, labelled ``key (seed N)``, since
   per-round series are per run and a mean of them would hide the rounds a table counts."""
   for key, cell in results.items():
-    if cell.get("per_seed"):
-      yield from ((f"{key} (seed {seed})", record) for seed, record in cell["per_seed"].items())
-    else:
-      yield key, cell
+    for seed, record in grid.seed_runs(cell).items():
+      yield (key if seed is None else f"{key} (seed {seed})"), record
 
 
 def scores(results: dict) -> str:

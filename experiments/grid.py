@@ -306,6 +306,13 @@ def load_pooled(paths) -> dict:
   return {key: cells[0] if len(cells) == 1 else pool_seed_cells(cells) for key, cells in found.items()}
 
 
+def seed_runs(cell: dict) -> dict[str | None, dict]:
+  """The runs of a stored cell, ``{seed: record}``: a cell pooled over seeds (:func:`pool_seed_cells`, or a vmapped
+  seeds program) gives each seed's record from ``per_seed``; a one-run cell is ``{None: cell}``. Per-round series and
+  curves are per run, so a script reads them here rather than guessing which of the two shapes it holds."""
+  return dict(cell["per_seed"]) if cell.get("per_seed") else {None: cell}
+
+
 def grid_program_dir(keys: dict) -> str:
   """The run directory of a grid program (:func:`run_cells`): its first cell's key and ``__grid``."""
   return f"{next(iter(keys.values()))}__grid"

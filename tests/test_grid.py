@@ -39,6 +39,15 @@ def test_one_seed_runs_pool_into_a_seeds_cell_by_hand():
   assert cell["config"] == {"seed": 0, "rounds": 100} and cell["protocol"] == {"rounds": 100, "reduced": False}
 
 
+def test_seed_runs_gives_each_pooled_seed_its_record_and_a_one_run_cell_itself():
+  pooled = grid.pool_seed_cells([_one_seed_cell(1, 87.0), _one_seed_cell(0, 84.0)])
+  runs = grid.seed_runs(pooled)
+  assert list(runs) == ["0", "1"] and [r["value"] for r in runs.values()] == [84.0, 87.0]
+  single = _one_seed_cell(0, 84.0)
+  assert grid.seed_runs(single) == {None: single}
+  assert grid.seed_runs({**single, "per_seed": {}}) == {None: {**single, "per_seed": {}}}  # an empty per_seed: the cell
+
+
 def test_pooling_refuses_what_would_be_silently_wrong():
   import pytest
   with pytest.raises(ValueError, match="distinct seeds"):
