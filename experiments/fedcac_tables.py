@@ -822,7 +822,10 @@ def main():
   else:
     cells = [(cell_key(*c), cell_config(*c, args), record) for c in chosen]
   if not cells:
-    parser.error("no cell selected")
+    table = cells_of(args.mode, datasets, taus=taus, betas=betas)
+    parser.error(f"no cell selected: --mode {args.mode} on {', '.join(datasets)} has partitions "
+                 f"{', '.join(dict.fromkeys(p for _, p, _ in table))} and methods "
+                 f"{', '.join(dict.fromkeys(m for _, _, m in table))}")
   print(grid.run_and_tabulate(cells, args, TABLES[args.mode], hoist_protocol))
   if args.figure:
     FIGURES[args.mode](grid.merged_results(Path(args.out_dir)), Path(args.figure))

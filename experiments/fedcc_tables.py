@@ -457,14 +457,23 @@ def _seed_runs(results: dict):
       yield (key if seed is None else f"{key} (seed {seed})"), record
 
 
+def rule_of(key: str) -> str | None:
+  """The rule field of a :func:`cell_key` (``fang_krum__iid__cifar10__fedcc@scores`` -> ``fedcc``; a suffix after
+  ``@`` names a rerun of the same cell), or None for a key of another shape."""
+  fields = key.split("__")
+  return fields[3].split("@")[0] if len(fields) >= 4 else None
+
+
 def scores(results: dict) -> str:
-  """Why FedCC's 2-means split does or does not find the attackers: for every stored run that kept each round's
-  CKA range of the cohort's benign clients and attackers (``grid.per_round_series``), the ranges over all rounds,
-  in how many rounds every attacker scored above (below) every benign client, and the detection rates. A cell
-  pooled over seeds gives one row per seed (:func:`_seed_runs`); runs without the ranges are left out."""
+  """Why FedCC's 2-means split does or does not find the attackers: for every stored FedCC run (kernel CKA, or a
+  Table I similarity, whose scores the column then holds) that kept each round's score range of the cohort's benign
+  clients and attackers (``grid.per_round_series``), the ranges over all rounds, in how many rounds every attacker
+  scored above (below) every benign client, and the detection rates. A cell pooled over seeds gives one row per
+  seed (:func:`_seed_runs`); runs without the ranges are left out, and so are other rules' runs (Krum's records
+  keep ranges of Krum distances, which are not similarities and would read wrongly under this header)."""
   lines = ["| Cell | benign CKA [min, max] | attackers' CKA [min, max] | rounds attackers above / below / "
            "inside | TPR | FPR | acc. |", "|---" * 7 + "|"]
-  for key, cell in _seed_runs(results):
+  for key, cell in _seed_runs({k: c for k, c in results.items() if rule_of(k) in SIMILARITIES}):
     benign, attackers = cell.get("benign_score_range_per_round"), cell.get("attacker_score_range_per_round")
     if not benign or not attackers:
       continue
@@ -476,7 +485,7 @@ def scores(results: dict) -> str:
     lines.append(f"| {key} | {span(benign)} | {span(attackers)} | {above} / {below} / {len(pairs) - above - below} "
                  f"| {rate('detection_tpr')} | {rate('detection_fpr')} | {cell['value']:.2f} |")
   if len(lines) == 2:
-    return "(no stored run kept the per-round CKA ranges of its benign clients and attackers)\n"
+    return "(no stored FedCC run kept the per-round score ranges of its benign clients and attackers)\n"
   return "\n".join(lines) + "\n"
 
 

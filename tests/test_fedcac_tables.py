@@ -310,6 +310,17 @@ def test_a_figure_refuses_a_set_of_what_it_sets_per_cell(mode, item, monkeypatch
   assert not any(tmp_path.iterdir())  # refused before any cell ran
 
 
+def test_an_empty_selection_names_the_partitions_and_methods_there_are(monkeypatch, capsys, tmp_path):
+  """``--partitions dir1.0`` selects nothing (Table 2's α = 1.0 column is ``dir1``): the error lists the names."""
+  monkeypatch.setattr("sys.argv", ["fedcac_tables.py", "--mode", "table2", "--datasets", "cifar10",
+                                   "--partitions", "dir1.0", "--out_dir", str(tmp_path)])
+  with pytest.raises(SystemExit):
+    t.main()
+  assert ("no cell selected: --mode table2 on cifar10 has partitions dir0.1, dir0.5, dir1 and methods "
+          "fedavg, local, fedamp, fedrep, fedbn, fedper, fedcac") in capsys.readouterr().err
+  assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.fast_compiles  # tests/conftest.py (an equality test of MLP programs: both sides alike)
 def test_a_beta_sweep_as_one_program_stores_each_point_as_its_own_run_would(tmp_path):
   """Fig. 6's ``--one_program``: β is traced, so a sweep is ONE seeds x β program (``grid.run_cells`` with a grid

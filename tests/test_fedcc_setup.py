@@ -232,18 +232,27 @@ def test_placement_table_sets_dataless_cells_beside_fixed_ones(tmp_path):
 
 def test_scores_table_counts_the_rounds_the_attackers_stand_apart_by_hand():
   from experiments import fedcc_tables as t
+  split = {"value": 16.9, "detection_tpr": 1.0, "detection_fpr": 0.0,
+           "benign_score_range_per_round": [[0.90, 0.95], [0.92, 0.96], [0.91, 0.99]],
+           "attacker_score_range_per_round": [[0.97, 0.99], [0.80, 0.85], [0.95, 0.97]]}
   results = {
-      "split": {"value": 16.9, "detection_tpr": 1.0, "detection_fpr": 0.0,
-                "benign_score_range_per_round": [[0.90, 0.95], [0.92, 0.96], [0.91, 0.99]],
-                "attacker_score_range_per_round": [[0.97, 0.99], [0.80, 0.85], [0.95, 0.97]]},
-      "no_attackers_one_round": {"value": 10.0, "benign_score_range_per_round": [[0.5, 0.6], [0.4, 0.7]],
-                                 "attacker_score_range_per_round": [None, [0.9, 0.9]]},
-      "unscored": {"value": 20.0}}
+      "fang_krum__iid__cifar10__fedcc": split,
+      "fang_krum__iid__cifar10__fedcc_mmd": split,  # a Table I similarity: its scores, the same counting
+      "targeted__noniid__cifar10__fedcc@scores": {
+          "value": 10.0, "benign_score_range_per_round": [[0.5, 0.6], [0.4, 0.7]],
+          "attacker_score_range_per_round": [None, [0.9, 0.9]]},
+      "fang_krum__iid__cifar10__krum": split,  # Krum's ranges are distances, not similarities: left out
+      "targeted__iid__cifar10__fedcc": {"value": 20.0}}  # no ranges kept: left out
   text = t.scores(results)
   # round 1 above (0.97 > 0.95), round 2 below (0.85 < 0.92), round 3 inside
-  assert "| split | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | 1.00 | 0.00 | 16.90 |" in text
-  assert "| no_attackers_one_round | [0.4000, 0.7000] | [0.9000, 0.9000] | 1 / 0 / 0 | — | — | 10.00 |" in text
-  assert "unscored" not in text
+  assert "| fang_krum__iid__cifar10__fedcc | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | 1.00 | 0.00 | 16.90 |" in text
+  assert "| fang_krum__iid__cifar10__fedcc_mmd | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 |" in text
+  assert ("| targeted__noniid__cifar10__fedcc@scores | [0.4000, 0.7000] | [0.9000, 0.9000] | 1 / 0 / 0 | — | — | 10.00 |"
+          in text)
+  assert "__krum" not in text and "targeted__iid__cifar10__fedcc " not in text
+  assert len([line for line in text.splitlines() if line.startswith("| ") and "__" in line]) == 3
+  assert t.rule_of("fang_krum__iid__cifar10__fedcc@scores") == "fedcc" and t.rule_of("unscored") is None
+  assert t.scores({"fang_krum__iid__cifar10__krum": split}).startswith("(no stored FedCC run")
 
 
 def test_scores_table_gives_each_pooled_seed_its_own_row(tmp_path):
@@ -264,4 +273,4 @@ def test_scores_table_gives_each_pooled_seed_its_own_row(tmp_path):
   text = t.scores(load_pooled(paths))
   assert "| fang_krum__iid__cifar10__fedcc (seed 1) | [0.9000, 0.9500] | [0.9600, 0.9900] | 2 / 0 / 0 | 1.00 | 0.00 | 41.00 |" in text
   assert "| fang_krum__iid__cifar10__fedcc (seed 2) | [0.9000, 0.9500] | [0.8000, 0.9400] | 0 / 1 / 1 | 1.00 | 0.00 | 42.00 |" in text
-  assert t.scores({"unscored": {"value": 20.0}}).startswith("(no stored run kept")
+  assert t.scores({"unscored": {"value": 20.0}}).startswith("(no stored FedCC run kept")
