@@ -468,11 +468,13 @@ def scores(results: dict) -> str:
   """Why FedCC's 2-means split does or does not find the attackers: for every stored FedCC run (kernel CKA, or a
   Table I similarity, whose scores the column then holds) that kept each round's score range of the cohort's benign
   clients and attackers (``grid.per_round_series``), the ranges over all rounds, in how many rounds every attacker
-  scored above (below) every benign client, and the detection rates. A cell pooled over seeds gives one row per
-  seed (:func:`_seed_runs`); runs without the ranges are left out, and so are other rules' runs (Krum's records
-  keep ranges of Krum distances, which are not similarities and would read wrongly under this header)."""
+  scored above (below) every benign client, in how many rounds the rule kept an attacker and dropped a benign
+  client (the per-round detection counts, where the cell kept them), and the last round's detection rates. A
+  cell pooled over seeds gives one row per seed (:func:`_seed_runs`); runs without the ranges are left out, and so
+  are other rules' runs (Krum's records keep ranges of Krum distances, which are not similarities and would read
+  wrongly under this header)."""
   lines = ["| Cell | benign CKA [min, max] | attackers' CKA [min, max] | rounds attackers above / below / "
-           "inside | TPR | FPR | acc. |", "|---" * 7 + "|"]
+           "inside | rounds an attacker kept / a benign client dropped | TPR | FPR | acc. |", "|---" * 8 + "|"]
   for key, cell in _seed_runs({k: c for k, c in results.items() if rule_of(k) in SIMILARITIES}):
     benign, attackers = cell.get("benign_score_range_per_round"), cell.get("attacker_score_range_per_round")
     if not benign or not attackers:
@@ -482,8 +484,10 @@ def scores(results: dict) -> str:
     below = sum(a[1] < b[0] for b, a in pairs)
     span = lambda ranges: f"[{min(r[0] for r in ranges if r):.4f}, {max(r[1] for r in ranges if r):.4f}]"  # noqa: E731
     rate = lambda name: "—" if cell.get(name) is None else f"{cell[name]:.2f}"  # noqa: E731
+    kept, dropped = cell.get("detection_fn_per_round"), cell.get("detection_fp_per_round")
+    errors = "—" if kept is None or dropped is None else f"{sum(n > 0 for n in kept)} / {sum(n > 0 for n in dropped)}"
     lines.append(f"| {key} | {span(benign)} | {span(attackers)} | {above} / {below} / {len(pairs) - above - below} "
-                 f"| {rate('detection_tpr')} | {rate('detection_fpr')} | {cell['value']:.2f} |")
+                 f"| {errors} | {rate('detection_tpr')} | {rate('detection_fpr')} | {cell['value']:.2f} |")
   if len(lines) == 2:
     return "(no stored FedCC run kept the per-round score ranges of its benign clients and attackers)\n"
   return "\n".join(lines) + "\n"

@@ -135,7 +135,11 @@ PER_ROUND_SCALARS = {"train_loss": "train_loss_per_round", "benign_train_loss": 
                      "global_test_acc": "global_test_acc_per_round",
                      # FedVSA's detection (algorithms/fedvsa.py): when its loss audit fired, whom Shapley flagged
                      "audit_alarm": "audit_alarm_per_round", "shapley_flagged_benign": "shapley_flagged_benign_per_round",
-                     "shapley_flagged_attackers": "shapley_flagged_attackers_per_round"}
+                     "shapley_flagged_attackers": "shapley_flagged_attackers_per_round",
+                     # an attacked run's detection counts of the round (simulation.py: detection_rates of the
+                     # rule's flags): in which rounds an attacker was kept (fn > 0) or a benign client dropped (fp > 0)
+                     "detection_tp": "detection_tp_per_round", "detection_fn": "detection_fn_per_round",
+                     "detection_fp": "detection_fp_per_round", "detection_tn": "detection_tn_per_round"}
 
 
 def per_round_series(run_dir: Path) -> dict:
@@ -149,8 +153,9 @@ def per_round_series(run_dir: Path) -> dict:
   CKA similarity to the global model, Krum's, DnC's and Zeno++'s scores), ``benign_score_range_per_round`` and
   ``attacker_score_range_per_round``: each round's ``[min, max]`` over the cohort's benign clients and attackers
   (``None`` when the round has none), i.e. how far apart the two groups were when the rule split them.
-  ``malicious_clients`` comes from ``malicious.json`` when the run wrote one (an attacked run); without it every
-  client counts as benign.
+  ``flagged_clients_per_round``: the ids the rule flagged each round (experiment.py's ``flagged_clients``), so
+  whom a detector dropped in a given round stands on the stored cell. ``malicious_clients`` comes from
+  ``malicious.json`` when the run wrote one (an attacked run); without it every client counts as benign.
   """
   rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
   rounds = [int(r["round"]) for r in rows]
@@ -169,6 +174,8 @@ def per_round_series(run_dir: Path) -> dict:
     series["benign_max_upload_norm_per_round"] = [
         max((n for k, n in zip(r["cohort"], r["calibrated_norms"]) if k not in malicious), default=None)
         for r in rows]
+  if rows and all("flagged_clients" in r for r in rows):
+    series["flagged_clients_per_round"] = [r["flagged_clients"] for r in rows]
   if rows and malicious and all("detection_scores" in r for r in rows):
     for group, is_attacker in (("benign", False), ("attacker", True)):
       series[f"{group}_score_range_per_round"] = [

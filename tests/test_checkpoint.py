@@ -403,12 +403,17 @@ def test_per_round_series_of_a_hand_written_detecting_rule_run(tmp_path):
   """Each round's [min, max] detection score of the cohort's benign clients and of its attackers (FedCC's CKA);
   a round without attackers has None; an unattacked run keeps no ranges."""
   grid = grid_module()
-  rows = [{"round": 1, "cohort": [0, 1, 2, 3], "detection_scores": [0.9, 0.2, 0.8, 0.95]},
-          {"round": 2, "cohort": [0, 2], "detection_scores": [0.7, 0.6]}]
+  rows = [{"round": 1, "cohort": [0, 1, 2, 3], "detection_scores": [0.9, 0.2, 0.8, 0.95], "flagged_clients": [1, 3],
+           "detection_tp": 1, "detection_fn": 0, "detection_fp": 1, "detection_tn": 2},
+          {"round": 2, "cohort": [0, 2], "detection_scores": [0.7, 0.6], "flagged_clients": [],
+           "detection_tp": 0, "detection_fn": 0, "detection_fp": 0, "detection_tn": 2}]
   _write_run(tmp_path / "attacked", rows, malicious=[1, 4])
   series = grid.per_round_series(tmp_path / "attacked")
   assert series["benign_score_range_per_round"] == [[0.8, 0.95], [0.6, 0.7]]
   assert series["attacker_score_range_per_round"] == [[0.2, 0.2], None]
+  # whom the rule flagged each round, and the round's counts, travel with the cell
+  assert series["flagged_clients_per_round"] == [[1, 3], []]
+  assert series["detection_fp_per_round"] == [1, 0] and series["detection_fn_per_round"] == [0, 0]
   _write_run(tmp_path / "clean", rows)
   assert "benign_score_range_per_round" not in grid.per_round_series(tmp_path / "clean")
 

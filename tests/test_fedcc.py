@@ -366,5 +366,13 @@ def test_fedcc_excludes_scaled_attackers_end_to_end(tmp_path):
   assert len(rows) == 8
   for row in rows:
     assert row["detection_tpr"] == 1.0 and row["detection_fpr"] == 0.0
+  # what a grid cell keeps of the run (grid.per_round_series), from the names the engine really logs
+  from experiments import grid
+  series = grid.per_round_series(tmp_path / "fedcc")
+  attackers = sorted(series["malicious_clients"])
+  assert len(attackers) == 3 and series["flagged_clients_per_round"] == [attackers] * 8
+  assert series["detection_tp_per_round"] == [3] * 8 and series["detection_fn_per_round"] == [0] * 8
+  assert series["detection_fp_per_round"] == [0] * 8 and series["detection_tn_per_round"] == [7] * 8
+  assert len(series["benign_score_range_per_round"]) == len(series["attacker_score_range_per_round"]) == 8
   assert fedcc["final"]["benign_acc_weighted"] > 0.8
   assert fedcc["final"]["benign_acc_weighted"] > mean["final"]["benign_acc_weighted"] + 0.12

@@ -237,7 +237,10 @@ def test_scores_table_counts_the_rounds_the_attackers_stand_apart_by_hand():
            "attacker_score_range_per_round": [[0.97, 0.99], [0.80, 0.85], [0.95, 0.97]]}
   results = {
       "fang_krum__iid__cifar10__fedcc": split,
-      "fang_krum__iid__cifar10__fedcc_mmd": split,  # a Table I similarity: its scores, the same counting
+      # a Table I similarity: its scores, the same counting; the per-round detection counts: an attacker kept in
+      # rounds 2 and 3 (fn > 0), a benign client dropped in round 3 (fp > 0)
+      "fang_krum__iid__cifar10__fedcc_mmd": {**split, "detection_fn_per_round": [0, 1, 2],
+                                             "detection_fp_per_round": [0, 0, 1]},
       "targeted__noniid__cifar10__fedcc@scores": {
           "value": 10.0, "benign_score_range_per_round": [[0.5, 0.6], [0.4, 0.7]],
           "attacker_score_range_per_round": [None, [0.9, 0.9]]},
@@ -245,9 +248,9 @@ def test_scores_table_counts_the_rounds_the_attackers_stand_apart_by_hand():
       "targeted__iid__cifar10__fedcc": {"value": 20.0}}  # no ranges kept: left out
   text = t.scores(results)
   # round 1 above (0.97 > 0.95), round 2 below (0.85 < 0.92), round 3 inside
-  assert "| fang_krum__iid__cifar10__fedcc | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | 1.00 | 0.00 | 16.90 |" in text
-  assert "| fang_krum__iid__cifar10__fedcc_mmd | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 |" in text
-  assert ("| targeted__noniid__cifar10__fedcc@scores | [0.4000, 0.7000] | [0.9000, 0.9000] | 1 / 0 / 0 | — | — | 10.00 |"
+  assert "| fang_krum__iid__cifar10__fedcc | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | — | 1.00 | 0.00 | 16.90 |" in text
+  assert "| fang_krum__iid__cifar10__fedcc_mmd | [0.9000, 0.9900] | [0.8000, 0.9900] | 1 / 1 / 1 | 2 / 1 |" in text
+  assert ("| targeted__noniid__cifar10__fedcc@scores | [0.4000, 0.7000] | [0.9000, 0.9000] | 1 / 0 / 0 | — | — | — | 10.00 |"
           in text)
   assert "__krum" not in text and "targeted__iid__cifar10__fedcc " not in text
   assert len([line for line in text.splitlines() if line.startswith("| ") and "__" in line]) == 3
@@ -271,6 +274,6 @@ def test_scores_table_gives_each_pooled_seed_its_own_row(tmp_path):
     paths.append(tmp_path / f"s{seed}.json")
     paths[-1].write_text(json.dumps({"fang_krum__iid__cifar10__fedcc": run(seed, attackers)}))
   text = t.scores(load_pooled(paths))
-  assert "| fang_krum__iid__cifar10__fedcc (seed 1) | [0.9000, 0.9500] | [0.9600, 0.9900] | 2 / 0 / 0 | 1.00 | 0.00 | 41.00 |" in text
-  assert "| fang_krum__iid__cifar10__fedcc (seed 2) | [0.9000, 0.9500] | [0.8000, 0.9400] | 0 / 1 / 1 | 1.00 | 0.00 | 42.00 |" in text
+  assert "| fang_krum__iid__cifar10__fedcc (seed 1) | [0.9000, 0.9500] | [0.9600, 0.9900] | 2 / 0 / 0 | — | 1.00 | 0.00 | 41.00 |" in text
+  assert "| fang_krum__iid__cifar10__fedcc (seed 2) | [0.9000, 0.9500] | [0.8000, 0.9400] | 0 / 1 / 1 | — | 1.00 | 0.00 | 42.00 |" in text
   assert t.scores({"unscored": {"value": 20.0}}).startswith("(no stored FedCC run kept")
