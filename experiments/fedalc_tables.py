@@ -220,15 +220,11 @@ def cells_of(mode: str, datasets, alphas, methods) -> list[tuple[str, float, str
 
 
 # ------------------------------------------------------------------------------------------ tables
-def n_seeds(cell: dict) -> int:
-  return len(cell.get("seeds") or [None])
-
-
 def shown(cell: dict | None, metric: str) -> tuple[float, float] | None:
   """``(mean, ±)`` a table shows for a cell's metric: one seed -> the window std; several -> the std across seeds."""
   if cell is None or metric not in cell:
     return None
-  std = cell.get(f"{metric}_std") if n_seeds(cell) > 1 else cell.get(f"{metric}_window_std")
+  std = cell.get(f"{metric}_std") if grid.n_seeds(cell) > 1 else cell.get(f"{metric}_window_std")
   return cell[metric], std
 
 
@@ -311,13 +307,13 @@ def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
               else "")
     line = (f"{p['rounds']} rounds x E = {p['epochs']}"
             + (f" (REDUCED from the paper's {p['paper_rounds']} x {p['paper_epochs']})" if p["reduced"] else "")
-            + f", mean over the evaluated rounds of the last {p['last_rounds']}, {n_seeds(cell)} seed(s){pooled}")
+            + f", mean over the evaluated rounds of the last {p['last_rounds']}, {grid.seeds_phrase(cell)}{pooled}")
     cfg = cell.get("config", {})
     notes = [n for n in (_robust_note(cfg), _calibration_note(cfg), _start_note(cfg)) if n]
     runs.setdefault(line + "".join(f"; {n}" for n in notes), []).append(labels[i] if labels else "")
   if labels and len(runs) > 1:
     runs = {f"{line} [{', '.join(rows)}]": rows for line, rows in runs.items()}
-  seeds = {n_seeds(c) > 1 for c in cells}
+  seeds = {grid.n_seeds(c) > 1 for c in cells}
   std = []
   if False in seeds:
     std.append("one seed: ± = std over the window's evaluated rounds (ddof 0; the paper's ±, spec A16)")

@@ -224,6 +224,7 @@ def cell_config(dataset: str, partition: str, method: str, args, seed: int | Non
   ``seed``: a one-seed cell (a plain run, so checkpoints work): ``seed``, ``data.seed`` and ``attack.seed`` set to
   it, as the seeds program sets each of its seeds (``seed_fields``)."""
   from fedjax_robust.config_files import load_module
+  from fedjax_robust.run import set_seed_fields
   root = Path(__file__).resolve().parent
   base, overrides = method_variant(method)
   config = load_module(root / "configs" / f"fedcac_{dataset}.py").get_config(f"{partition},{base}")
@@ -237,12 +238,7 @@ def cell_config(dataset: str, partition: str, method: str, args, seed: int | Non
   config.eval_every = int(getattr(args, "eval_every", 1) or 1)
   if seed is not None:
     config.seeds = ""
-    for field in str(config.seed_fields).split(","):
-      *path, leaf = field.strip().split(".")
-      node = config
-      for part in path:
-        node = node[part]
-      node[leaf] = int(seed)
+    set_seed_fields(config, seed)
   grid.apply_overrides(config, args.set)  # again: an explicit --set wins over the lines above
   return config
 
@@ -373,10 +369,6 @@ def cells_of(mode: str, datasets, methods=None, partitions=None, taus=FIG5_TAUS,
 
 
 # ------------------------------------------------------------------------------------------ tables
-def n_seeds(cell: dict) -> int:
-  return len(cell.get("seeds") or [None])
-
-
 def _protocol_of(cell: dict) -> dict:
   found = cell.get("protocol") or next(iter(cell.get("per_seed", {}).values()), {}).get("protocol")
   if not found:
@@ -402,7 +394,7 @@ def ours(cell: dict | None, field: str = "value", skip=()) -> str:
   another τ / β than the setting's (less ``skip``: what the table varies itself); ``not run``."""
   if cell is None or field not in cell:
     return "not run"
-  std = cell.get(f"{field}_std") if n_seeds(cell) > 1 else None
+  std = cell.get(f"{field}_std") if grid.n_seeds(cell) > 1 else None
   text = f"{cell[field]:.2f}" + ("" if std is None else f" ± {std:.2f}")
   return text + ("*" if _protocol_of(cell)["reduced"] or changed_of(cell, skip) else "")
 
@@ -422,7 +414,7 @@ def setup_note(cells: list[dict], columns: list[tuple[str, str]], skip=(), paper
   runs, reduced = {}, {}
   for cell in cells:
     p = _protocol_of(cell)
-    runs[f"{p['rounds']} rounds x E = {p['epochs']}, {p['num_clients']} clients, {n_seeds(cell)} seed(s), "
+    runs[f"{p['rounds']} rounds x E = {p['epochs']}, {p['num_clients']} clients, {grid.seeds_phrase(cell)}, "
          f"evaluated every {p['eval_every']} round(s)"] = None
     for r in p["reductions"]:
       reduced[r] = None

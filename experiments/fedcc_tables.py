@@ -175,8 +175,8 @@ def _fmt(cell) -> str:
 
 def _reduced_note(results: dict) -> str:
   runs = sorted({(c.get("rounds"), c.get("epochs"), c.get("config", {}).get("data", {}).get("samples_per_class"),
-                  len(c.get("seeds", [0]))) for c in results.values()}, key=str)
-  parts = [f"{r} rounds x E = {e}, {'all' if s is None else s} samples per class, {n} seed(s)" for r, e, s, n in runs]
+                  grid.seeds_phrase(c)) for c in results.values()}, key=str)
+  parts = [f"{r} rounds x E = {e}, {'all' if s is None else s} samples per class, {n}" for r, e, s, n in runs]
   return "Cells ran with: " + "; ".join(parts) + "."
 
 

@@ -215,9 +215,9 @@ def _speedup(r, r_vsa) -> str:
 
 def _reduced_note(results: dict) -> str:
   runs = sorted({(c.get("rounds"), c.get("config", {}).get("init", {}).get("pretrain_rounds"),
-                  c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend"), len(c.get("seeds", [0])))
+                  c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend"), grid.seeds_phrase(c))
                  for c in results.values()}, key=str)
-  parts = [f"{r} rounds max after a {p}-round FedAvg warm start, {k} clients, {b}, {s} seed(s)"
+  parts = [f"{r} rounds max after a {p}-round FedAvg warm start, {k} clients, {b}, {s}"
            for r, p, k, b, s in runs]
   return ("Our cells: " + "; ".join(parts) + ". The paper runs up to 1,000 rounds, 100 clients; its baselines were "
           "tuned (values not reported), ours use spec §3's starting values (experiments/configs/fedvsa_setting.py).\n")

@@ -11,6 +11,7 @@ import argparse
 import ast
 import json
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -65,7 +66,9 @@ def apply_overrides(config, items: Iterable[str]):
 
 def apply_run_args(config, args):
   """The grid-wide settings of a cell: rounds (evaluated at the last one), local epochs, seed, data dir, overrides."""
-  config.rounds, config.eval_every, config.seed = args.rounds, args.rounds, args.seed
+  from fedjax_robust.run import set_seed_fields
+  config.rounds, config.eval_every = args.rounds, args.rounds
+  set_seed_fields(config, args.seed)  # `--seed N`: every seed field, so the run is lane N of `--seeds ...,N`
   config.seeds = getattr(args, "seeds", "") or ""
   config.client.epochs = args.epochs
   config.data.data_dir = args.data_dir
@@ -73,7 +76,48 @@ def apply_run_args(config, args):
   config.output.checkpoint_every, config.output.resume = args.checkpoint_every, args.resume
   if args.strategy:
     config.engine.strategy = args.strategy
-  return apply_overrides(config, args.set)
+  apply_overrides(config, args.set)
+  split = split_seed_fields(config)
+  if split:
+    warnings.warn(f"a one-seed run with seed={config.seed} but {', '.join(f'{k}={v}' for k, v in split.items())}: "
+                  f"its partition / attacker draws are not seed {config.seed}'s, so pooled with other seeds it varies "
+                  f"only what `seed` draws; `--seed {config.seed}` sets every seed field (config.seed_fields), as "
+                  f"lane {config.seed} of a --seeds program", stacklevel=2)
+  return config
+
+
+def _field(config, dotted: str):
+  node = config
+  for part in dotted.split("."):
+    if not hasattr(node, "get") or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def split_seed_fields(config) -> dict:
+  """``{field: value}`` of a one-seed run's seed fields (``config.seed_fields``) that differ from its ``seed``: a
+  ``--set seed=N`` that left ``data.seed`` / ``attack.seed`` behind. Empty for a seeds program, which sets them all."""
+  from fedjax_robust.run import seed_fields_of
+  if config.get("seeds"):
+    return {}
+  seed = config.get("seed", 0)
+  return {f: _field(config, f) for f in seed_fields_of(config)
+          if f != "seed" and _field(config, f) is not None and _field(config, f) != seed}
+
+
+def n_seeds(cell: dict) -> int:
+  return len(cell.get("seeds") or [None])
+
+
+def seeds_phrase(cell: dict) -> str:
+  """``"3 seed(s)"`` for a table's setup note, saying when the seeds shared a draw: a cell pooled from one-seed runs
+  that varied only ``seed`` (``fixed_seed_fields``, :func:`pool_seed_cells`) names the fields every run kept."""
+  fixed = cell.get("fixed_seed_fields") or {}
+  if n_seeds(cell) < 2 or not fixed:
+    return f"{n_seeds(cell)} seed(s)"
+  return (f"{n_seeds(cell)} seed(s) varying only the run key and initialization "
+          f"({', '.join(f'{k} = {v}' for k, v in fixed.items())} in every one: one partition and attacker draw)")
 
 
 def open_results(out_dir: str, shard: str) -> tuple[Path, Path, dict]:
@@ -287,8 +331,22 @@ def pool_seed_cells(cells: list[dict]) -> dict:
   cell["pooled_runs"] = {str(seeds[i]): {k: cells[i][k] for k in PROVENANCE_FIELDS if k in cells[i] and k != "config"}
                          for i in order}
   cell["wall_s"] = sum(float(c.get("run_wall_time_s", c.get("wall_s", 0.0))) for c in cells)
+  fixed = _fixed_seed_fields([c.get("config", {}) for c in cells])
+  if fixed:
+    cell["fixed_seed_fields"] = fixed
   cell["device_kind"] = ", ".join(sorted({str(c.get("device_kind") or c.get("backend")) for c in cells}))
   return cell
+
+
+def _fixed_seed_fields(configs: list[dict]) -> dict:
+  """``{field: value}`` of the seed fields (other than ``seed``) that every one of several runs' configs has with one
+  value: runs made with ``--set seed=N`` alone share their partition and attacker draws."""
+  from fedjax_robust.run import seed_fields_of
+  if len(configs) < 2:
+    return {}
+  fields = [f for f in seed_fields_of(configs[0]) if f != "seed"]
+  values = {f: [_field(c, f) for c in configs] for f in fields}
+  return {f: v[0] for f, v in values.items() if v[0] is not None and len(set(map(str, v))) == 1}
 
 
 def load_pooled(paths) -> dict:

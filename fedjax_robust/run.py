@@ -230,21 +230,30 @@ def seed_config(config, seed: int, fields: Sequence[str] = DEFAULT_SEED_FIELDS):
   """A copy of ``config`` for one seed: each dotted field in ``fields`` set to ``seed``; ``seeds`` cleared."""
   c = copy.deepcopy(config)
   with c.unlocked():
-    for dotted in fields:
-      *path, leaf = dotted.split(".")
-      node = c
-      for part in path:
-        if part not in node:
-          raise ValueError(f"seed_fields: {dotted!r} is not a config field")
-        node = node[part]
-      if leaf not in node:
-        raise ValueError(f"seed_fields: {dotted!r} is not a config field")
-      node[leaf] = int(seed)
+    set_seed_fields(c, seed, fields)
     c.seeds = ""
   return c
 
 
-def _seed_fields(config) -> tuple[str, ...]:
+def set_seed_fields(config, seed: int, fields: Sequence[str] | None = None):
+  """Sets each dotted field in ``fields`` (default: the config's own ``seed_fields``) to ``seed``, in place, and
+  returns ``config``: what one seed of a seeds program gets, so a one-seed run of seed N (a grid script's
+  ``--seed N``) draws the same partition, attackers and initialization as lane N of ``--seeds 0,...,N``."""
+  for dotted in seed_fields_of(config) if fields is None else fields:
+    *path, leaf = dotted.split(".")
+    node = config
+    for part in path:
+      if part not in node:
+        raise ValueError(f"seed_fields: {dotted!r} is not a config field")
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f"seed_fields: {dotted!r} is not a config field")
+    node[leaf] = int(seed)
+  return config
+
+
+def seed_fields_of(config) -> tuple[str, ...]:
+  """The dotted fields a seed sets (``config.seed_fields``; :data:`DEFAULT_SEED_FIELDS` for a config without it)."""
   raw = config.get("seed_fields", ",".join(DEFAULT_SEED_FIELDS))
   fields = tuple(f for f in str(raw).replace(" ", "").split(",") if f)
   if "seed" not in fields:
@@ -307,7 +316,7 @@ def run_seeds(config, run_dir: Optional[str | Path] = None) -> dict:
     raise ValueError("run_seeds needs config.seeds (e.g. '0,1,2') or config.grid")
   if config.output.checkpoint_every or config.output.resume:
     raise ValueError("a seeds/grid run is one program: output.checkpoint_every and output.resume are not supported")
-  fields = _seed_fields(config)
+  fields = seed_fields_of(config)
   configs = [seed_config(config, s, fields) for s in seeds] if seeds else [seed_config(config, config.seed, ())]
   seeds = seeds or [int(config.seed)]
   for c in configs:

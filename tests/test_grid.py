@@ -105,3 +105,55 @@ def test_only_selects_cells_by_a_part_of_their_key_and_refuses_an_empty_selectio
   assert [c[1] for c in grid.selected_cells(cells, "fang_krum")] == [1, 2]
   with pytest.raises(SystemExit, match="matches none of the 3 cells"):
     grid.selected_cells(cells, "p0.5")
+
+
+def _run_args(*argv):
+  import argparse
+  parser = argparse.ArgumentParser()
+  grid.add_common_args(parser, "runs/x")
+  return parser.parse_args(list(argv))
+
+
+def test_seed_sets_every_seed_field_as_the_seeds_program_does():
+  """`--seed 2` is lane 2 of `--seeds 0,1,2`: run key, partition and attacker draws all seed 2's."""
+  from fedjax_robust.experiment import default_config
+  from fedjax_robust.run import seed_config
+  c = grid.apply_run_args(default_config(), _run_args("--seed", "2", "--rounds", "3"))
+  assert (c.seed, c.data.seed, c.attack.seed) == (2, 2, 2) and c.seeds == ""
+  lane = seed_config(default_config(), 2)
+  assert (lane.seed, lane.data.seed, lane.attack.seed) == (c.seed, c.data.seed, c.attack.seed)
+  assert grid.split_seed_fields(c) == {}
+
+
+def test_a_set_seed_alone_warns_that_the_draws_stay_seed_zeros():
+  import warnings
+
+  import pytest
+  from fedjax_robust.experiment import default_config
+  with pytest.warns(UserWarning, match=r"seed=1 but data.seed=0, attack.seed=0.*--seed 1"):
+    c = grid.apply_run_args(default_config(), _run_args("--set", "seed=1"))
+  assert grid.split_seed_fields(c) == {"data.seed": 0, "attack.seed": 0}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # an explicit draw for each field, or a seeds program: nothing to warn about
+    grid.apply_run_args(default_config(), _run_args("--set", "seed=1", "--set", "data.seed=1", "--set",
+                                                    "attack.seed=1"))
+    grid.apply_run_args(default_config(), _run_args("--seeds", "0,1", "--set", "seed=1"))
+
+
+def _drawn_cell(seed, data_seed, attack_seed, value):
+  cell = _one_seed_cell(seed, value)
+  cell["config"] = {**cell["config"], "seed_fields": "seed,data.seed,attack.seed", "data": {"seed": data_seed},
+                    "attack": {"seed": attack_seed}}
+  return cell
+
+
+def test_pooled_runs_that_shared_a_draw_say_so_in_the_setup_note():
+  shared = grid.pool_seed_cells([_drawn_cell(0, 0, 0, 80.0), _drawn_cell(1, 0, 0, 82.0), _drawn_cell(2, 0, 0, 84.0)])
+  assert shared["fixed_seed_fields"] == {"data.seed": 0, "attack.seed": 0}
+  assert grid.seeds_phrase(shared) == ("3 seed(s) varying only the run key and initialization (data.seed = 0, "
+                                       "attack.seed = 0 in every one: one partition and attacker draw)")
+  own = grid.pool_seed_cells([_drawn_cell(0, 0, 0, 80.0), _drawn_cell(1, 1, 1, 82.0)])
+  assert "fixed_seed_fields" not in own and grid.seeds_phrase(own) == "2 seed(s)"
+  half = grid.pool_seed_cells([_drawn_cell(0, 0, 0, 80.0), _drawn_cell(1, 1, 0, 82.0)])  # attackers shared only
+  assert half["fixed_seed_fields"] == {"attack.seed": 0}
+  assert grid.seeds_phrase({"value": 1.0}) == "1 seed(s)" and grid.seeds_phrase({"seeds": [0, 1, 2]}) == "3 seed(s)"
