@@ -20,7 +20,8 @@ def add_common_args(parser: argparse.ArgumentParser, out_dir: str | None) -> Non
   parser.add_argument("--data_dir", default=None)
   parser.add_argument("--rounds", type=int, default=100)
   parser.add_argument("--epochs", type=int, default=5)
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seed", type=int, default=0, help="a one-seed cell's seed: sets every seed field (seed, "
+                      "data.seed, attack.seed: config.seed_fields), so the cell is lane N of a --seeds program")
   parser.add_argument("--seeds", default="", help="comma-separated seeds run as ONE vmapped program per cell "
                       "(seed, data.seed and attack.seed set to each); the cell stores mean and std over them")
   parser.add_argument("--strategy", default="", help="engine strategy (default: the backend's default)")
