@@ -173,43 +173,46 @@ def _fmt(cell) -> str:
   return f"{cell['value']:.2f}"
 
 
-def _reduced_note(results: dict) -> str:
+def _reduced_note(cells) -> str:
+  """The setup of ``cells`` (the ones a table shows, not every cell loaded: a note must not describe a cell the
+  table leaves out), one part per distinct (rounds, epochs, samples per class, seeds)."""
   runs = sorted({(c.get("rounds"), c.get("epochs"), c.get("config", {}).get("data", {}).get("samples_per_class"),
-                  grid.seeds_phrase(c)) for c in results.values()}, key=str)
+                  grid.seeds_phrase(c)) for c in cells}, key=str)
   parts = [f"{r} rounds x E = {e}, {'all' if s is None else s} samples per class, {n}" for r, e, s, n in runs]
   return "Cells ran with: " + "; ".join(parts) + "."
 
 
-def _ours_vs_paper(row_headers: list[str], columns: list[str], rows, note: str) -> str:
+def _ours_vs_paper(row_headers: list[str], columns: list[str], rows, note_prefix: str = "") -> str:
   """A table of ``ours / paper`` cells: ``rows`` = ``(row labels, cells, paper values)``; a row without any cell
-  run yet is left out."""
+  run yet is left out. Below it, ``note_prefix`` and the setup of the cells shown."""
   lines = ["| " + " | ".join(row_headers + [f"{c} ours / paper" for c in columns]) + " |",
            "|" + "---|" * (len(row_headers) + len(columns))]
+  shown = []
   for labels, cells, paper in rows:
     if any(cells):
       lines.append("| " + " | ".join(list(labels) + [f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)]) + " |")
-  return "\n".join(lines + ["", note]) + "\n"
+      shown += [c for c in cells if c]
+  return "\n".join(lines + ["", note_prefix + _reduced_note(shown)]) + "\n"
 
 
 def table2(results: dict) -> str:
   rows = [((DISTS[dist], DATASETS[dataset]), [results.get(cell_key("none", dist, dataset, r)) for r in RULES], paper)
           for (dist, dataset), paper in PAPER_TABLE2.items()]
-  return _ours_vs_paper(["Setting", "Dataset"], list(RULES.values()), rows, _reduced_note(results))
+  return _ours_vs_paper(["Setting", "Dataset"], list(RULES.values()), rows)
 
 
 def table3(results: dict) -> str:
   rows = [((ATTACKS[attack], DISTS[dist], DATASETS[dataset]),
            [results.get(cell_key(attack, dist, dataset, r)) for r in RULES], paper)
           for (attack, dist, dataset), paper in PAPER_TABLE3.items()]
-  return _ours_vs_paper(["Attack", "Dist", "Dataset"], list(RULES.values()), rows, _reduced_note(results))
+  return _ours_vs_paper(["Attack", "Dist", "Dataset"], list(RULES.values()), rows)
 
 
 def table1(results: dict) -> str:
   """Table I's accuracies, then (once a targeted cell is stored) its final backdoor confidences, ours / paper."""
   rows = [((SIMILARITIES[rule],), [results.get(cell_key(a, d, "cifar10", rule)) for a, d in TABLE1_COLUMNS], paper)
           for rule, paper in PAPER_TABLE1.items()]
-  accuracy = _ours_vs_paper(["Similarity"], [f"{ATTACKS[a]} {DISTS[d]}" for a, d in TABLE1_COLUMNS], rows,
-                            _reduced_note(results))
+  accuracy = _ours_vs_paper(["Similarity"], [f"{ATTACKS[a]} {DISTS[d]}" for a, d in TABLE1_COLUMNS], rows)
   lines = []
   for rule, paper in PAPER_TABLE1_CONFIDENCE.items():
     curves = [_confidence_curve(results.get(cell_key("targeted", d, "cifar10", rule), {})) for d in ("iid", "noniid")]
@@ -229,7 +232,7 @@ def table4(results: dict) -> str:
            [results.get(cell_key(a, "noniid", dataset, r, f"k100_p{frac:g}"))
             for a in ("fang_krum", "fang_median") for r in TABLE4_RULES], paper)
           for (frac, dataset), paper in PAPER_TABLE4.items()]
-  return _ours_vs_paper(["Frac", "Data"], columns, rows, "FK = Fang-Krum, FM = Fang-Med. " + _reduced_note(results))
+  return _ours_vs_paper(["Frac", "Data"], columns, rows, "FK = Fang-Krum, FM = Fang-Med. ")
 
 
 def table5(results: dict) -> str:
@@ -237,7 +240,7 @@ def table5(results: dict) -> str:
   doubling the epochs is meant to strengthen the backdoor, so accuracy alone does not say whether it got in)."""
   rows = [((DATASETS[dataset],), [results.get(cell_key("targeted", "noniid", dataset, r, "e6")) for r in TABLE4_RULES],
            paper) for dataset, paper in PAPER_TABLE5.items()]
-  text = _ours_vs_paper(["Dataset"], [RULES[r] for r in TABLE4_RULES], rows, _reduced_note(results))
+  text = _ours_vs_paper(["Dataset"], [RULES[r] for r in TABLE4_RULES], rows)
   backdoor = _backdoor_rows(_targeted_rows(results, "e6"), with_paper=False)  # Table I's value is at E = 3
   return text + ("\nBackdoor metrics of the same cells (as Fig. 4's table):\n\n" +
                  "\n".join(BACKDOOR_HEADER + backdoor) + "\n" if backdoor else "")
@@ -262,7 +265,9 @@ def fig4(results: dict) -> str:
   """Fig. 4 as a table: the targeted cells' backdoor confidence (mean softmax of the target class on D_mal, lower
   is better, spec §2.7) at the first, a third, two thirds and the last round and its maximum over rounds, the
   final backdoor accuracy (share of D_mal predicted as the target) and who was flagged at the last round."""
-  return "\n".join(BACKDOOR_HEADER + _backdoor_rows(_targeted_rows(results)) + ["", _reduced_note(results)]) + "\n"
+  targeted = _targeted_rows(results)
+  shown = [cell for *_, cell in targeted if _confidence_curve(cell)]
+  return "\n".join(BACKDOOR_HEADER + _backdoor_rows(targeted) + ["", _reduced_note(shown)]) + "\n"
 
 
 BACKDOOR_HEADER = ["| Dist | Dataset | Rule | accuracy % | backdoor confidence by round | max | final ours / paper | "
@@ -381,7 +386,7 @@ def fig5(results: dict) -> str:
   status = {True: "met", False: "NOT met", None: "not run"}
   claims = [f"- {claim}: {status[ok]} ({numbers})." for claim, ok, numbers in fig5_checks(results)]
   return "\n".join(lines + ["", "The paper's claims (§VII-A; curves only, no numbers), on these cells:", *claims, "",
-                            _reduced_note(present)]) + "\n"
+                            _reduced_note(present.values())]) + "\n"
 
 
 def fig5_figure(results: dict, path: Path) -> None:
@@ -407,7 +412,7 @@ def fig5_figure(results: dict, path: Path) -> None:
            ylabel="global test accuracy (%)", xticks=list(FIG5_ATTACKERS))
     ax.legend(fontsize=8)
   cells = [c for _, _, _, row in rows for c in row if c]
-  fig.suptitle(_reduced_note({str(i): c for i, c in enumerate(cells)}).removeprefix("Cells ran with: "), fontsize=8)
+  fig.suptitle(_reduced_note(cells).removeprefix("Cells ran with: "), fontsize=8)
   grid.save_figure(fig, path)
 
 
@@ -445,7 +450,7 @@ def placement(results: dict) -> str:
                  f"{_fmt(dataless)} | {gap} | {'—' if paper is None else f'{paper:.2f}'} |")
   if not present:
     return "(no cell stored with --placement dataless in these results)\n"
-  return "\n".join(lines + ["", _reduced_note(present)]) + "\n"
+  return "\n".join(lines + ["", _reduced_note(present.values())]) + "\n"
 
 
 def _seed_runs(results: dict):

@@ -64,6 +64,22 @@ def test_tables_from_stored_cells(tmp_path):
   assert len(t.cells_of("table5", ["fmnist", "cifar10", "cifar100"], ["noniid"], list(t.RULES))) == 2 * 4
 
 
+def test_setup_note_describes_only_the_cells_the_table_shows():
+  """A Table II cell loaded beside Table III's (30 rounds, 2 seeds) must not put its setup under Table III, nor an
+  untargeted cell under Fig. 4's."""
+  from experiments import fedcc_tables as t
+  results = {t.cell_key("fang_median", "noniid", "fmnist", "fedcc"): {"value": 70.0, "rounds": 15, "epochs": 2},
+             t.cell_key("targeted", "noniid", "fmnist", "fedcc"): {
+                 "value": 60.0, "rounds": 4, "epochs": 3, "backdoor_confidence_per_round": [0.4, 0.3, 0.2, 0.1]},
+             t.cell_key("none", "noniid", "fmnist", "fedavg"): {"value": 75.0, "value_std": 1.0, "rounds": 30,
+                                                               "epochs": 5, "seeds": [0, 1]}}
+  note = lambda text: [line for line in text.splitlines() if line.startswith("Cells ran with")][0]
+  assert note(t.table3(results)) == ("Cells ran with: 15 rounds x E = 2, all samples per class, 1 seed(s); "
+                                     "4 rounds x E = 3, all samples per class, 1 seed(s).")
+  assert note(t.table2(results)) == "Cells ran with: 30 rounds x E = 5, all samples per class, 2 seed(s)."
+  assert note(t.fig4(results)) == "Cells ran with: 4 rounds x E = 3, all samples per class, 1 seed(s)."
+
+
 def test_fig4_reads_the_targeted_cells_backdoor_confidence_curves(tmp_path):
   from experiments import fedcc_tables as t
   curve = [0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625]
