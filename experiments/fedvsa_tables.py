@@ -213,10 +213,11 @@ def _speedup(r, r_vsa) -> str:
   return "-" if r is None or r_vsa is None else f"{r / r_vsa:.2f}×"
 
 
-def _reduced_note(results: dict) -> str:
+def _reduced_note(cells) -> str:
+  """The setup of ``cells``, the ones a table shows (never a loaded cell it leaves out)."""
   runs = sorted({(c.get("rounds"), c.get("config", {}).get("init", {}).get("pretrain_rounds"),
                   c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend"), grid.seeds_phrase(c))
-                 for c in results.values()}, key=str)
+                 for c in cells}, key=str)
   parts = [f"{r} rounds max after a {p}-round FedAvg warm start, {k} clients, {b}, {s}"
            for r, p, k, b, s in runs]
   return ("Our cells: " + "; ".join(parts) + ". The paper runs up to 1,000 rounds, 100 clients; its baselines were "
@@ -224,7 +225,7 @@ def _reduced_note(results: dict) -> str:
 
 
 def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
-  lines = []
+  lines, shown = [], []
   for dataset in DATASETS:
     cells = {parse_key(k)[1:3]: v for k, v in results.items()
              if parse_key(k)[0] == dataset and parse_key(k)[1] in partitions and not parse_key(k)[3]
@@ -252,7 +253,8 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
       lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
     lines.append("")
     lines += accuracy_rows(cells, columns)
-  return "\n".join(lines) + "\n" + _reduced_note(results)
+    shown += [cells[p, m] for p in columns for m in METHODS if (p, m) in cells]
+  return "\n".join(lines) + "\n" + _reduced_note(shown)
 
 
 def accuracy_rows(cells: dict, columns) -> list[str]:
@@ -281,7 +283,7 @@ def table4(results: dict) -> str:
 
 
 def table5(results: dict) -> str:
-  lines = []
+  lines, shown = [], []
   for dataset in DATASETS:
     cells = {(parse_key(k)[1], parse_key(k)[3], parse_key(k)[2]): v for k, v in results.items()
              if parse_key(k)[0] == dataset and parse_key(k)[3]}
@@ -296,12 +298,13 @@ def table5(results: dict) -> str:
       row = []
       for m in methods:
         c = cells.get((partition, fresh, m))
+        shown += [c] if c is not None else []
         ours = "—" if c is None else f"{c['value']:.2f} / {c['last10']:.2f}"
         row.append(f"{ours} ({PAPER_T5[dataset][(partition, fresh)][m]:.2f})")
       lines.append(f"| {partition}, α={fresh} | " + " | ".join(row) + " |")
     lines.append("")
     lines += table5_parts(cells)
-  return "\n".join(lines) + "\n" + _reduced_note(results)
+  return "\n".join(lines) + "\n" + _reduced_note(shown)
 
 
 PARTS = ("fedavg", "fedvsa_aggregation_only", "fedvsa")  # FedVSA = its weighting (Eq. 8) + its detection (Alg. 3)
@@ -356,13 +359,14 @@ def fig3(results: dict, methods=FIG3_METHODS, title: str = "Fig. 3 — model rep
   lines = [f"**{title}** (global test accuracy %, round before / attack round / round after)", "",
            "| Dataset | Method | " + " | ".join(f"t={t}" for t in ATTACK_ROUNDS) + " |",
            "|---" * (2 + len(ATTACK_ROUNDS)) + "|"]
-  for dataset, method, cell in fig3_rows(results, methods):
+  rows = fig3_rows(results, methods)
+  for dataset, method, cell in rows:
     acc = cell["global_test_acc_per_round"]
     parts = []
     for t in ATTACK_ROUNDS:
       parts.append("—" if len(acc) <= t else " / ".join(f"{100 * acc[r - 1]:.1f}" for r in (t - 1, t, t + 1)))
     lines.append(f"| {dataset} | {LABELS[method]} | " + " | ".join(parts) + " |")
-  return "\n".join(lines) + "\n\n" + _reduced_note(results)
+  return "\n".join(lines) + "\n\n" + _reduced_note(cell for *_, cell in rows)
 
 
 def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
@@ -418,7 +422,7 @@ def table9(results: dict) -> str:
     lines.append("")
   if not full:
     return "\n".join(lines) + "\nNo Table 9 cell has been run yet.\n"
-  return "\n".join(lines) + "\n" + _reduced_note({k: v for k, v in results.items() if k.endswith(FULL)})
+  return "\n".join(lines) + "\n" + _reduced_note(full.values())
 
 
 # Table 10 (RTX 3070 PC): variant of benchmarks/fedvsa_cost.py -> (the paper's row, its client side, its server side
