@@ -266,7 +266,7 @@ def fig4(results: dict) -> str:
   is better, spec §2.7) at the first, a third, two thirds and the last round and its maximum over rounds, the
   final backdoor accuracy (share of D_mal predicted as the target) and who was flagged at the last round."""
   targeted = _targeted_rows(results)
-  shown = [cell for *_, cell in targeted if _confidence_curve(cell)]
+  shown = [cell for *_, cell in targeted if _confidence_curve(cell) is not None]  # _backdoor_rows' own test
   return "\n".join(BACKDOOR_HEADER + _backdoor_rows(targeted) + ["", _reduced_note(shown)]) + "\n"
 
 
