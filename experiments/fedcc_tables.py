@@ -241,7 +241,7 @@ def table5(results: dict) -> str:
   rows = [((DATASETS[dataset],), [results.get(cell_key("targeted", "noniid", dataset, r, "e6")) for r in TABLE4_RULES],
            paper) for dataset, paper in PAPER_TABLE5.items()]
   text = _ours_vs_paper(["Dataset"], [RULES[r] for r in TABLE4_RULES], rows)
-  backdoor = _backdoor_rows(_targeted_rows(results, "e6"), with_paper=False)  # Table I's value is at E = 3
+  backdoor, _ = _backdoor_rows(_targeted_rows(results, "e6"), with_paper=False)  # Table I's value is at E = 3
   return text + ("\nBackdoor metrics of the same cells (as Fig. 4's table):\n\n" +
                  "\n".join(BACKDOOR_HEADER + backdoor) + "\n" if backdoor else "")
 
@@ -265,20 +265,20 @@ def fig4(results: dict) -> str:
   """Fig. 4 as a table: the targeted cells' backdoor confidence (mean softmax of the target class on D_mal, lower
   is better, spec §2.7) at the first, a third, two thirds and the last round and its maximum over rounds, the
   final backdoor accuracy (share of D_mal predicted as the target) and who was flagged at the last round."""
-  targeted = _targeted_rows(results)
-  shown = [cell for *_, cell in targeted if _confidence_curve(cell) is not None]  # _backdoor_rows' own test
-  return "\n".join(BACKDOOR_HEADER + _backdoor_rows(targeted) + ["", _reduced_note(shown)]) + "\n"
+  lines, shown = _backdoor_rows(_targeted_rows(results))
+  return "\n".join(BACKDOOR_HEADER + lines + ["", _reduced_note(shown)]) + "\n"
 
 
 BACKDOOR_HEADER = ["| Dist | Dataset | Rule | accuracy % | backdoor confidence by round | max | final ours / paper | "
                    "backdoor acc. | last round TPR / FPR |", "|---" * 9 + "|"]
 
 
-def _backdoor_rows(targeted_rows, with_paper: bool = True) -> list[str]:
-  """Fig. 4's table rows below ``BACKDOOR_HEADER``, one per targeted cell with a per-round confidence curve; the
-  paper's final value beside FedCC's CIFAR-10 cells is Table I's (its only number for the backdoor, at Table III's
-  epochs: ``with_paper=False`` for other settings)."""
-  lines = []
+def _backdoor_rows(targeted_rows, with_paper: bool = True) -> tuple[list[str], list[dict]]:
+  """Fig. 4's table rows below ``BACKDOOR_HEADER``, one per targeted cell with a per-round confidence curve, and
+  the cells those rows show (for the setup note, so it describes exactly them); the paper's final value beside
+  FedCC's CIFAR-10 cells is Table I's (its only number for the backdoor, at Table III's epochs: ``with_paper=False``
+  for other settings)."""
+  lines, shown = [], []
   for dist, dataset, rule, cell in targeted_rows:
     curve = _confidence_curve(cell)
     if curve is None:
@@ -293,7 +293,8 @@ def _backdoor_rows(targeted_rows, with_paper: bool = True) -> list[str]:
     asr = f"{cell['backdoor_asr']:.2f}" if "backdoor_asr" in cell else "—"
     lines.append(f"| {DISTS[dist]} | {DATASETS[dataset]} | {RULES[rule]} | {_fmt(cell)} | {by_round} | "
                  f"{max(curve):.3f} | {final} | {asr} | {detection} |")
-  return lines
+    shown.append(cell)
+  return lines, shown
 
 
 def fig4_figure(results: dict, path: Path) -> None:
