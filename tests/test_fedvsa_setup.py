@@ -107,6 +107,20 @@ def test_table3_renders_ours_next_to_the_papers(tmp_path):
   assert out == table
 
 
+def test_a_cell_with_hand_set_hyperparameters_is_named_under_its_table():
+  """A cell whose command changed a method's hyperparameters is not spec §3's starting value; the size reductions
+  (data.*, server.root_dataset_size) are not hyperparameters."""
+  base = ("python experiments/fedvsa_tables.py --mode table3 --methods feddc --set data.num_clients=20 "
+          "--set server.root_dataset_size=1000")
+  assert T.hand_set_hparams({"command": base}) == [] and T.hand_set_hparams({}) == []
+  tuned = {**_cell([0.5, 0.2]), "command": base + " --set algorithm.feddc.alpha=0.1 --set 'aggregator.weighted=False'"}
+  assert T.hand_set_hparams(tuned) == ["algorithm.feddc.alpha=0.1", "aggregator.weighted=False"]
+  plain = T.table3({T.cell_key("mnist", "sigma300", "fedavg"): {**_cell([0.5, 0.9]), "command": base}})
+  assert "starting values (experiments/configs/fedvsa_setting.py)." in plain and "except" not in plain
+  table = T.table3({T.cell_key("mnist", "sigma300", "feddc"): tuned})
+  assert ("except where a cell's command sets `aggregator.weighted=False`, `algorithm.feddc.alpha=0.1`." in table)
+
+
 def test_table10_puts_each_variants_round_cost_beside_the_papers_columns(tmp_path):
   """Table 10 from a benchmarks/fedvsa_cost.py result: the paper's row order, ratio and extra time over FedAvg, the
   paper's server seconds and their ratio to FedAvg's; a variant Table 10 has no row for is left out."""
