@@ -90,6 +90,7 @@ def default_config() -> ml_collections.ConfigDict:
       "lr": 0.05,
       "momentum": 0.0,
       "weight_decay": 0.0,
+      "grad_clip_norm": 0.0,  # > 0: clip each step's gradient to this global L2 norm (FedDC code: 10)
       "persist_optimizer_state": False,
   })
   c.server = ml_collections.ConfigDict({

@@ -1,5 +1,9 @@
 """Client and server optimizers from config, via optax.
 
+``grad_clip_norm > 0`` rescales each step's gradient to at most that global L2 norm before weight decay and the
+optimizer see it (``optax.clip_by_global_norm``): PyTorch's ``clip_grad_norm_`` between ``backward()`` and
+``step()``, as FedDC's official code does (``max_norm=10``). Off (0) by default.
+
 The server optimizer treats the negated aggregated update as a pseudo-gradient
 (Reddi et al., "Adaptive Federated Optimization", Alg. 2): plain SGD with lr 1
 is FedAvg's averaging, momentum gives FedAvgM, ``adam`` gives FedAdam.
@@ -14,13 +18,14 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 
 def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                    nesterov: bool = False, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
-  """An optax optimizer by name; ``weight_decay`` is L2 added to the gradient for SGD/Adam (PyTorch semantics)."""
+                   eps: float = 1e-8, grad_clip_norm: float = 0.0) -> optax.GradientTransformation:
+  """An optax optimizer by name; ``weight_decay`` is L2 added to the gradient for SGD/Adam (PyTorch semantics),
+  after the raw gradient is clipped to global norm ``grad_clip_norm`` when that is > 0."""
   import math
   from fedjax_robust.hparams import check
   check(lr, lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v > 0,
         f"learning rate must be a finite number > 0, got {lr!r}")
-  for field, value in (("momentum", momentum), ("weight_decay", weight_decay)):
+  for field, value in (("momentum", momentum), ("weight_decay", weight_decay), ("grad_clip_norm", grad_clip_norm)):
     if not (math.isfinite(value) and value >= 0):
       raise ValueError(f"{field} must be a finite number >= 0, got {value!r}")
   if name == "sgd":
@@ -28,11 +33,13 @@ def make_optimizer(name: str, lr: float, momentum: float = 0.0, weight_decay: fl
   elif name == "adam":
     opt = optax.adam(lr, b1=b1, b2=b2, eps=eps)
   elif name == "adamw":
-    return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    opt = optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
   else:
     raise ValueError(f"unknown optimizer {name!r}; choose one of {OPTIMIZERS}")
-  if weight_decay:
+  if weight_decay and name != "adamw":
     opt = optax.chain(optax.add_decayed_weights(weight_decay), opt)
+  if grad_clip_norm:
+    opt = optax.chain(optax.clip_by_global_norm(grad_clip_norm), opt)
   return opt
 
 
@@ -48,4 +55,5 @@ def optimizer_from_config(cfg, lr=None) -> optax.GradientTransformation:
       b1=cfg.get("b1", 0.9),
       b2=cfg.get("b2", 0.999),
       eps=cfg.get("eps", 1e-8),
+      grad_clip_norm=cfg.get("grad_clip_norm", 0.0),
   )
