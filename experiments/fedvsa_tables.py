@@ -225,14 +225,32 @@ def hand_set_hparams(cell: dict) -> list[str]:
   return [value for flag, value in zip(argv, argv[1:]) if flag == "--set" and value.startswith(TUNING_KEYS)]
 
 
+def stand_in_models(cells) -> list[str]:
+  """``"lenet5 for alexnet28 on fashion_mnist"`` for each cell whose model is not spec §4.2's for its dataset (a
+  CPU-sized stand-in, ``--set model.name=...``), so a table never passes a smaller model off as the paper's."""
+  from fedjax_robust.config_files import load_module
+  setting = load_module(Path(__file__).resolve().parent / "configs" / "fedvsa_setting.py")
+  paper_model = {data: model for data, model, _ in setting.DATASETS.values()}
+  found = set()
+  for c in cells:
+    config = c.get("config", {})
+    data, model = config.get("data", {}).get("name"), config.get("model", {}).get("name")
+    if data in paper_model and model != paper_model[data]:
+      found.add(f"{model} for {paper_model[data]} on {data}")
+  return sorted(found)
+
+
 def _reduced_note(cells) -> str:
-  """The setup of ``cells``, the ones a table shows (never a loaded cell it leaves out), and any hyperparameter a
-  cell's command set by hand."""
+  """The setup of ``cells``, the ones a table shows (never a loaded cell it leaves out), any stand-in model and any
+  hyperparameter a cell's command set by hand."""
   runs = sorted({(c.get("rounds"), c.get("config", {}).get("init", {}).get("pretrain_rounds"),
                   c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend"), grid.seeds_phrase(c))
                  for c in cells}, key=str)
   parts = [f"{r} rounds max after a {p}-round FedAvg warm start, {k} clients, {b}, {s}"
            for r, p, k, b, s in runs]
+  models = stand_in_models(cells)
+  if models:
+    parts[-1] += "; stand-in model" + ("s " if len(models) > 1 else " ") + ", ".join(models)
   overrides = sorted({o for c in cells for o in hand_set_hparams(c)})
   changed = (f" except where a cell's command sets {', '.join(f'`{o}`' for o in overrides)}" if overrides else "")
   return ("Our cells: " + "; ".join(parts) + ". The paper runs up to 1,000 rounds, 100 clients; its baselines were "

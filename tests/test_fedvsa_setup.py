@@ -121,6 +121,18 @@ def test_a_cell_with_hand_set_hyperparameters_is_named_under_its_table():
   assert ("except where a cell's command sets `aggregator.weighted=False`, `algorithm.feddc.alpha=0.1`." in table)
 
 
+def test_a_stand_in_model_is_named_under_its_table():
+  """A CPU-sized model run in place of spec §4.2's (LeNet-5 for Fashion-MNIST's AlexNet) is said under the table."""
+  def cell(data, model):
+    return {**_cell([0.5, 0.9]), "config": {"data": {"name": data, "num_clients": 20}, "model": {"name": model}}}
+  assert T.stand_in_models([cell("mnist", "lenet5"), cell("fashion_mnist", "alexnet28")]) == []
+  assert T.stand_in_models([cell("fashion_mnist", "lenet5"), cell("mnist", "lenet5")]) == [
+      "lenet5 for alexnet28 on fashion_mnist"]
+  table = T.table3({T.cell_key("fmnist", "sigma300", "fedavg"): cell("fashion_mnist", "lenet5")})
+  assert "; stand-in model lenet5 for alexnet28 on fashion_mnist." in table
+  assert "stand-in" not in T.table3({T.cell_key("mnist", "sigma300", "fedavg"): cell("mnist", "lenet5")})
+
+
 def test_table10_puts_each_variants_round_cost_beside_the_papers_columns(tmp_path):
   """Table 10 from a benchmarks/fedvsa_cost.py result: the paper's row order, ratio and extra time over FedAvg, the
   paper's server seconds and their ratio to FedAvg's; a variant Table 10 has no row for is left out."""
