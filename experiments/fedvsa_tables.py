@@ -30,6 +30,7 @@ shown as "—"; a run shorter than the paper's 1,000 rounds is stated under the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import shlex
@@ -188,6 +189,13 @@ def fit_krum_to_cohort(config):
   return config
 
 
+@functools.cache
+def _setting():
+  """experiments/configs/fedvsa_setting.py: the targets and spec §4.2's models, loaded once per process."""
+  from fedjax_robust.config_files import load_module
+  return load_module(Path(__file__).resolve().parent / "configs" / "fedvsa_setting.py")
+
+
 def make_record(dataset: str, partition: str):
   """The cell record of one (dataset, partition): final and last-10 accuracy, and rounds to both targets."""
   return lambda summary, run_dir, config: record(summary, run_dir, config, dataset, partition)
@@ -199,9 +207,7 @@ def record(summary, run_dir, config, dataset: str, partition: str) -> dict:
   cell = {"value": 100.0 * acc[-1], "last10": 100.0 * float(np.mean(acc[-10:])), "rounds_run": len(acc),
           "stopped_at_round": summary.get("stopped_at_round")}
   if not config.data.dynamics.fresh_fraction and config.attack.name == "none":
-    from fedjax_robust.config_files import load_module
-    setting = load_module(Path(__file__).resolve().parent / "configs" / "fedvsa_setting.py")
-    low, high = setting.targets(dataset, partition)
+    low, high = _setting().targets(dataset, partition)
     cell.update(rounds_low=rounds_to(acc, low), rounds_high=rounds_to(acc, high), targets=[low, high])
   return cell
 
@@ -228,9 +234,7 @@ def hand_set_hparams(cell: dict) -> list[str]:
 def stand_in_models(cells) -> list[str]:
   """``"lenet5 for alexnet28 on fashion_mnist"`` for each cell whose model is not spec §4.2's for its dataset (a
   CPU-sized stand-in, ``--set model.name=...``), so a table never passes a smaller model off as the paper's."""
-  from fedjax_robust.config_files import load_module
-  setting = load_module(Path(__file__).resolve().parent / "configs" / "fedvsa_setting.py")
-  paper_model = {data: model for data, model, _ in setting.DATASETS.values()}
+  paper_model = {data: model for data, model, _ in _setting().DATASETS.values()}
   found = set()
   for c in cells:
     config = c.get("config", {})
