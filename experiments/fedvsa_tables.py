@@ -220,15 +220,57 @@ def _speedup(r, r_vsa) -> str:
   return "-" if r is None or r_vsa is None else f"{r / r_vsa:.2f}×"
 
 
+def _seed_values(cell: dict, name: str) -> list | None:
+  """Each seed's ``name`` of a cell pooled over seeds (a vmapped ``--seeds`` program, or one-seed cells stored in
+  several files), None for a one-seed cell. A seed that never reached a target keeps its None."""
+  per_seed = cell.get("per_seed")
+  return None if not per_seed else [run.get(name) for run in per_seed.values()]
+
+
+def rounds_of(cell: dict, name: str) -> float | None:
+  """Rounds to a target: a one-seed cell's own, a seeds cell's mean when every seed reached it (else None)."""
+  values = _seed_values(cell, name)
+  if values is None:
+    return cell.get(name)
+  return None if any(v is None for v in values) else float(np.mean(values))
+
+
+def fmt_rounds_cell(cell: dict, name: str) -> str:
+  """``16`` / ``>120`` for one seed; ``13.5 ± 2.5`` over seeds, ``16.0 ± 0.0 (1 of 2 seeds; >120 the rest)``
+  when only some reached the target, ``>120`` when none did."""
+  values = _seed_values(cell, name)
+  if values is None:
+    return _fmt_rounds(cell.get(name), cell.get("rounds_run"))
+  reached = [v for v in values if v is not None]
+  horizon = max(int(r) for r in _seed_values(cell, "rounds_run"))
+  if not reached:
+    return f">{horizon}"
+  text = f"{np.mean(reached):.1f} ± {np.std(reached):.1f}"
+  return text if len(reached) == len(values) else f"{text} ({len(reached)} of {len(values)} seeds; >{horizon} the rest)"
+
+
+def fmt_accuracy_cell(cell: dict) -> str:
+  """Accuracy at the last round run / mean of the last 10, with the std over seeds for a seeds cell."""
+  if _seed_values(cell, "value") is None:
+    return f"{cell['value']:.2f} / {cell['last10']:.2f}"
+  return f"{cell['value']:.2f} ± {cell['value_std']:.2f} / {cell['last10']:.2f} ± {cell['last10_std']:.2f}"
+
+
 # ``--set`` keys that change a method's hyperparameters (not the run's size): a cell run with one is not spec §3's
 # starting value, and the table says so.
 TUNING_KEYS = ("algorithm.", "aggregator.", "client.", "server.weighting.")
 
 
 def hand_set_hparams(cell: dict) -> list[str]:
-  """The ``KEY=VALUE`` overrides of a method's hyperparameters in the command that made ``cell``, in order."""
-  argv = shlex.split(cell.get("command") or "")
-  return [value for flag, value in zip(argv, argv[1:]) if flag == "--set" and value.startswith(TUNING_KEYS)]
+  """The ``KEY=VALUE`` overrides of a method's hyperparameters in the command that made ``cell`` (each pooled run's
+  command, for one-seed cells pooled over seeds), in order."""
+  commands = [cell.get("command")] + [run.get("command") for run in cell.get("pooled_runs", {}).values()]
+  found = []
+  for command in commands:
+    argv = shlex.split(command or "")
+    found += [value for flag, value in zip(argv, argv[1:])
+              if flag == "--set" and value.startswith(TUNING_KEYS) and value not in found]
+  return found
 
 
 def stand_in_models(cells) -> list[str]:
@@ -248,7 +290,8 @@ def _reduced_note(cells) -> str:
   """The setup of ``cells``, the ones a table shows (never a loaded cell it leaves out), any stand-in model and any
   hyperparameter a cell's command set by hand."""
   runs = sorted({(c.get("rounds"), c.get("config", {}).get("init", {}).get("pretrain_rounds"),
-                  c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend"), grid.seeds_phrase(c))
+                  c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend") or c.get("device_kind"),
+                  grid.seeds_phrase(c))
                  for c in cells}, key=str)
   parts = [f"{r} rounds max after a {p}-round FedAvg warm start, {k} clients, {b}, {s}"
            for r, p, k, b, s in runs]
@@ -283,10 +326,10 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
         cell = cells.get((p, method))
         vsa = cells.get((p, "fedvsa"))
         for i, name in ((0, "rounds_low"), (1, "rounds_high")):
-          ours = "—" if cell is None else _fmt_rounds(cell.get(name), cell.get("rounds_run"))
+          ours = "—" if cell is None else fmt_rounds_cell(cell, name)
           ref = paper.get(dataset, {}).get(method, {}).get((p, i))
           ref_vsa = paper.get(dataset, {}).get("fedvsa", {}).get((p, i))
-          s_ours = "—" if cell is None or vsa is None else _speedup(cell.get(name), vsa.get(name))
+          s_ours = "—" if cell is None or vsa is None else _speedup(rounds_of(cell, name), rounds_of(vsa, name))
           row += [f"{ours} / {_fmt_rounds(ref, 1000)}", f"{s_ours} / {_speedup(ref, ref_vsa)}"]
       lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
     lines.append("")
@@ -302,14 +345,18 @@ def accuracy_rows(cells: dict, columns) -> list[str]:
            "| Method | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
   for method in METHODS:
     if any((p, method) in cells for p in columns):
-      row = ["—" if (p, method) not in cells else f"{cells[p, method]['value']:.2f} / {cells[p, method]['last10']:.2f}"
-             for p in columns]
+      row = ["—" if (p, method) not in cells else fmt_accuracy_cell(cells[p, method]) for p in columns]
       lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
   return lines + [""]
 
 
 def cells_target(cells: dict, partition: str, i: int) -> float:
-  return next(c["targets"][i] for (p, _), c in cells.items() if p == partition)
+  return next(_first_run(c)["targets"][i] for (p, _), c in cells.items() if p == partition)
+
+
+def _first_run(cell: dict) -> dict:
+  """A one-seed cell itself, or a seeds cell's first seed (its non-numeric fields, e.g. ``targets``)."""
+  return next(iter(cell["per_seed"].values())) if cell.get("per_seed") else cell
 
 
 def table3(results: dict) -> str:
@@ -537,7 +584,8 @@ def main():
   parser.add_argument("--pretrain", type=int, default=5, help="warm-start FedAvg rounds (spec §4.6)")
   parser.add_argument("--figure", default="", help="fig3 / fig5: also write the curves to this PNG (and SVG)")
   parser.add_argument("--from_json", default=None,
-                      help="print the mode's table from stored results files (comma-separated, merged) and exit")
+                      help="print the mode's table from stored results files and exit (comma-separated; a cell stored "
+                           "one seed per file is pooled over seeds; `path::key1+key2` takes only those keys)")
   grid.add_common_args(parser, "runs/fedvsa")
   parser.set_defaults(rounds=0, epochs=0)
   args = parser.parse_args()
@@ -549,7 +597,7 @@ def main():
   if args.mode == "table10":
     parser.error("--mode table10 tabulates stored benchmarks/fedvsa_cost.py results: give --from_json")
   if args.from_json:
-    results = grid.merge_files(args.from_json.split(","))
+    results = grid.load_pooled(args.from_json)
     if args.figure:
       fig3_figure(results, Path(args.figure), FIG3_METHODS if args.mode == "fig3" else ABLATIONS)
     print(TABLES[args.mode](results), end="")

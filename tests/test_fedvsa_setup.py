@@ -107,6 +107,33 @@ def test_table3_renders_ours_next_to_the_papers(tmp_path):
   assert out == table
 
 
+def _seed_cell(acc, seed, command=""):
+  return {**_cell(acc), "config": {"seed": seed, "init": {"pretrain_rounds": 5}, "data": {"num_clients": 20}},
+          "command": command}
+
+
+def test_table3_pools_one_seed_files_into_mean_and_std(tmp_path):
+  """The same cell stored one seed per file is one seeds cell: rounds to each target as mean ± std over the seeds
+  that reached it (saying how many did), accuracy with its std, the speed-up from the means."""
+  vsa, avg = T.cell_key("mnist", "sigma300", "fedvsa"), T.cell_key("mnist", "sigma300", "fedavg")
+  seed0 = {vsa: _seed_cell([0.5, 0.92, 0.96], 0), avg: _seed_cell([0.5, 0.85, 0.91, 0.96], 0)}
+  seed1 = {vsa: _seed_cell([0.91, 0.93, 0.94, 0.96], 1, "x --set algorithm.fedvsa.temperature=2"),
+           avg: _seed_cell([0.5, 0.8, 0.85, 0.93], 1)}
+  paths = []
+  for i, results in enumerate((seed0, seed1)):
+    paths.append(tmp_path / f"seed{i}.json")
+    paths[-1].write_text(json.dumps(results))
+  table = T.table3(T.grid.load_pooled([str(p) for p in paths]))
+  # FedVSA: 90% at rounds 2 and 1, 95% at 3 and 4; FedAvg: 90% at 3 and 4, 95% at 4 only.
+  assert "| **FedVSA** | 1.5 ± 0.5 / 27 | 1.00× / 1.00× | 3.5 ± 0.5 / 147 | 1.00× / 1.00× |" in table
+  assert "| FedAvg | 3.5 ± 0.5 / 114 | 2.33× / 4.22× | 4.0 ± 0.0 (1 of 2 seeds; >4 the rest) / 397 | - / 2.70× |" in table
+  assert "| FedAvg | 94.50 ± 1.50 / 78.75 ± 1.75 |" in table  # last round 96 / 93, last-10 80.5 / 77.0
+  assert "20 clients, cpu, 2 seed(s)" in table
+  assert "except where a cell's command sets `algorithm.fedvsa.temperature=2`." in table  # a pooled run's command
+  assert T.fmt_rounds_cell({"per_seed": {"0": {"rounds_low": None, "rounds_run": 7}}, "rounds_run": 7.0},
+                           "rounds_low") == ">7"
+
+
 def test_a_cell_with_hand_set_hyperparameters_is_named_under_its_table():
   """A cell whose command changed a method's hyperparameters is not spec §3's starting value; the size reductions
   (data.*, server.root_dataset_size) are not hyperparameters."""
