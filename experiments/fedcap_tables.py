@@ -45,6 +45,7 @@ out_dir: runs/fedcap_<dataset> (tables), runs/fedcap_ablation, runs/fedcap_perso
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -293,13 +294,6 @@ def run_tables(args, out: Path, results_path: Path, results: dict) -> str:
   return markdown_table(grid.merged_results(out), args.dataset)
 
 
-def with_std(cell: dict, key: str, digits: int = 2) -> str:
-  """``mean ± std`` of a seeds cell (``n`` seeds noted once per table), the value alone for a single run."""
-  if f"{key}_std" in cell:
-    return f"{cell[key]:.{digits}f} ± {cell[key + '_std']:.{digits}f}"
-  return f"{cell[key]:.{digits}f}"
-
-
 def removal_text(removed_round, num_attackers: int = 0) -> str:
   """``{client: round}`` as 'round 8: 10; round 9: 1, 17' (or 'all 6 in round 1' when ``num_attackers`` clients
   left together); '' when nobody was removed. Older result files stored the dict as its ``str``."""
@@ -327,12 +321,13 @@ def markdown_table(results: dict, dataset: str = "cifar10") -> str:
       continue
     paper = PAPER_TACC[paper_row].get(name)
     det = PAPER_DETECTION[paper_row].get(name)
-    fmt = lambda key, theirs: f"{with_std(r, key, 0)} / {theirs}" if det else "–"
+    fmt = lambda key, theirs: f"{grid.with_std(r, key, 0)} / {theirs}" if det else "–"
     removed = removal_text(r["removed_round"]) if "per_seed" not in r else "; ".join(
         f"seed {s}: {removal_text(c['removed_round']) or '–'}" for s, c in r["per_seed"].items())
+    std = functools.partial(grid.with_std, r)
     lines.append(
-        f"| {name} | {with_std(r, 'value')} / {paper if paper is not None else '–'} | {with_std(r, 'customized')} | "
-        f"{with_std(r, 'personalized')} | {fmt('dacc', det[0] if det else 0)} | {fmt('fpr', det[1] if det else 0)} | "
+        f"| {name} | {std('value')} / {paper if paper is not None else '–'} | {std('customized')} | "
+        f"{std('personalized')} | {fmt('dacc', det[0] if det else 0)} | {fmt('fpr', det[1] if det else 0)} | "
         f"{fmt('fnr', det[2] if det else 0)} | {removed or '–'} |")
   return "\n".join(lines) + "\n"
 

@@ -168,9 +168,7 @@ def record(summary, run_dir, config) -> dict:
 def _fmt(cell) -> str:
   if cell is None:
     return "—"
-  if "value_std" in cell:
-    return f"{cell['value']:.2f} ± {cell['value_std']:.2f}"
-  return f"{cell['value']:.2f}"
+  return grid.with_std(cell, "value")
 
 
 def _reduced_note(cells) -> str:

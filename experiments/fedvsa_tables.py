@@ -249,13 +249,6 @@ def fmt_rounds_cell(cell: dict, name: str) -> str:
   return text if len(reached) == len(values) else f"{text} ({len(reached)} of {len(values)} seeds; >{horizon} the rest)"
 
 
-def fmt_accuracy_cell(cell: dict) -> str:
-  """Accuracy at the last round run / mean of the last 10, with the std over seeds for a seeds cell."""
-  if _seed_values(cell, "value") is None:
-    return f"{cell['value']:.2f} / {cell['last10']:.2f}"
-  return f"{cell['value']:.2f} ± {cell['value_std']:.2f} / {cell['last10']:.2f} ± {cell['last10_std']:.2f}"
-
-
 # ``--set`` keys that change a method's hyperparameters (not the run's size): a cell run with one is not spec §3's
 # starting value, and the table says so.
 TUNING_KEYS = ("algorithm.", "aggregator.", "client.", "server.weighting.")
@@ -345,7 +338,9 @@ def accuracy_rows(cells: dict, columns) -> list[str]:
            "| Method | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
   for method in METHODS:
     if any((p, method) in cells for p in columns):
-      row = ["—" if (p, method) not in cells else fmt_accuracy_cell(cells[p, method]) for p in columns]
+      row = ["—" if (p, method) not in cells
+             else f"{grid.with_std(cells[p, method], 'value')} / {grid.with_std(cells[p, method], 'last10')}"
+             for p in columns]
       lines.append(f"| {LABELS[method]} | " + " | ".join(row) + " |")
   return lines + [""]
 

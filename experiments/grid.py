@@ -303,6 +303,14 @@ PROVENANCE_FIELDS = ("command", "commit", "dirty", "device", "device_kind", "bac
                      "rounds_per_s", "compile_s", "run_s", "run_wall_time_s", "resumed_from_round", "config")
 
 
+def with_std(cell: dict, key: str, digits: int = 2) -> str:
+  """``mean ± std`` of a field of a seeds cell (a vmapped ``--seeds`` program or pooled one-seed cells), the value
+  alone for a single run: how every table script prints one number of a cell."""
+  if f"{key}_std" in cell:
+    return f"{cell[key]:.{digits}f} ± {cell[key + '_std']:.{digits}f}"
+  return f"{cell[key]:.{digits}f}"
+
+
 def pool_seed_cells(cells: list[dict]) -> dict:
   """One-seed cells of one setting, each run separately (another session, another machine), as ONE seeds cell:
   the shape :func:`run_cells` stores for a seeds program (each numeric field's mean, std across seeds and values;
