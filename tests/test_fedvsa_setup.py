@@ -134,6 +134,22 @@ def test_table3_pools_one_seed_files_into_mean_and_std(tmp_path):
                            "rounds_low") == ">7"
 
 
+def test_table3_says_whether_the_papers_order_of_methods_holds():
+  """Spearman's ρ of our rounds to target against the paper's, a method that never reached the target ranked last
+  (tied); nothing under four methods. Paper σ=300 @90%: FedVSA 27 < SCAFFOLD 45 < FedDyn 70 < FedAvg 114 <
+  Multi-Krum 292; @95%: FedVSA 147 < FedDyn 173 < SCAFFOLD 219 < FedAvg 397 < Multi-Krum 876."""
+  curves = {"fedvsa": [0.92, 0.96], "scaffold": [0.5, 0.91], "feddyn": [0.5, 0.6, 0.91],
+            "fedavg": [0.5, 0.6, 0.7, 0.91], "multi_krum": [0.5, 0.6, 0.7, 0.8]}
+  table = T.table3({T.cell_key("mnist", "sigma300", m): _cell(acc) for m, acc in curves.items()})
+  # @90% ours 1 < 2 < 3 < 4 < never: the paper's order, ρ = 1. @95% only FedVSA reached it: our ranks
+  # (FedAvg, SCAFFOLD, FedDyn, Multi-Krum, FedVSA) = (3.5, 3.5, 3.5, 3.5, 1), the paper's (4, 3, 2, 5, 1):
+  # covariance 5 over sqrt(5 * 10) = 0.71.
+  assert ("sigma300 @90%: ρ = +1.00 over 5 methods, fastest ours FedVSA, paper FedVSA; "
+          "sigma300 @95%: ρ = +0.71 over 5 methods, fastest ours FedVSA, paper FedVSA." in table)
+  three = {T.cell_key("mnist", "sigma300", m): _cell(curves[m]) for m in ("fedvsa", "scaffold", "feddyn")}
+  assert "Spearman" not in T.table3(three)
+
+
 def test_a_cell_with_hand_set_hyperparameters_is_named_under_its_table():
   """A cell whose command changed a method's hyperparameters is not spec §3's starting value; the size reductions
   (data.*, server.root_dataset_size) are not hyperparameters."""
