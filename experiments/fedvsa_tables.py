@@ -352,10 +352,14 @@ def rank_agreement(cells: dict, columns, paper: dict) -> list[str]:
       ours = [rounds_of(cells[p, m], name) for m in methods]
       ref = [paper.get(m, {}).get((p, i)) for m in methods]
       ours, ref = (np.array([np.inf if v is None else v for v in x], float) for x in (ours, ref))
-      rho = stats.spearmanr(ours, ref).statistic
+      target = f"{p} @{int(round(100 * cells_target(cells, p, i)))}%"
+      if np.isinf(ours).all():
+        parts.append(f"{target}: none of our {len(methods)} methods reached it")
+        continue
+      rho = stats.spearmanr(ours, ref).statistic  # NaN when one side ranks every method equal
       fastest = lambda x: "/".join(LABELS[m].strip("*") for m, v in zip(methods, x) if v == x.min())
-      parts.append(f"{p} @{int(round(100 * cells_target(cells, p, i)))}%: ρ = {rho:+.2f} over {len(methods)} "
-                   f"methods, fastest ours {fastest(ours)}, paper {fastest(ref)}")
+      parts.append(f"{target}: ρ = " + ("undefined" if np.isnan(rho) else f"{rho:+.2f}")
+                   + f" over {len(methods)} methods, fastest ours {fastest(ours)}, paper {fastest(ref)}")
   if not parts:
     return []
   return ["Does the paper's order of the methods hold (Spearman's ρ of our rounds to target against the paper's; a "

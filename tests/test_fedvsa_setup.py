@@ -148,6 +148,8 @@ def test_table3_says_whether_the_papers_order_of_methods_holds():
           "sigma300 @95%: ρ = +0.71 over 5 methods, fastest ours FedVSA, paper FedVSA." in table)
   three = {T.cell_key("mnist", "sigma300", m): _cell(curves[m]) for m in ("fedvsa", "scaffold", "feddyn")}
   assert "Spearman" not in T.table3(three)
+  never = {T.cell_key("mnist", "sigma300", m): _cell([0.5, 0.6]) for m in curves}
+  assert "sigma300 @90%: none of our 5 methods reached it;" in T.table3(never)
 
 
 def test_a_cell_with_hand_set_hyperparameters_is_named_under_its_table():
