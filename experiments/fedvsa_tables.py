@@ -9,6 +9,8 @@ Modes:
 * ``table3`` / ``table4``: rounds-to-target #R (the first round, counted after the 5-round warm start, whose global
   test accuracy reaches each target; ">T" if none within the run's T rounds) and S↑ = #R / #R(FedVSA), on the σ
   partitions (Table 3) or Dir(β) (Table 4). A cell stops once its higher target is reached (``eval.stop_at``).
+  With four methods or more, a line under the table says whether the paper's order of the methods holds
+  (Spearman's ρ of our rounds to each target against the paper's) and which method was fastest in each.
 * ``table5``: final accuracy and the mean of the last 10 rounds with data dynamics (``fresh<α>``).
 * ``fig3``: model replacement at rounds 10, 25, 50: accuracy just before, at and after each attack round, and a
   PNG of the curves (``--figure``); ``fig5``: the same for FedVSA's ablations (w/o loss comparison, w/o Shapley
