@@ -245,8 +245,36 @@ def test_feddisco_client_uploads_its_label_histogram_and_server_uses_the_weights
   close(diag["aggregation_weights"], p)
   close(diag["disco_discrepancy"], d)
   close(new.params["w"], np.tensordot(np.asarray(p), np.asarray(deltas["w"]), axes=1), atol=1e-4)
+  assert not bool(diag["disco_size_fallback"])
   with pytest.raises(ValueError, match="distance"):
     make_feddisco(linear_logits, optax.sgd(0.1), LocalTrainSpec(), distance="cos")
+
+
+def test_feddisco_with_its_defaults_is_fedavg_when_every_client_holds_two_labels_of_ten():
+  """FedVSA's σ partitions: two equal labels of ten give d = sqrt(2 (1/2 - 1/10)^2 + 8 (1/10)^2) = sqrt(0.4)
+  = 0.632, so n_k - 0.5 d_k + 0.1 < 0 for any n_k < 0.216: every ReLU clips, the round uses the size weights
+  (FedAvg's), and the diagnostic says so."""
+  from fedjax_robust.algorithms.feddisco import disco_terms, make_feddisco
+  hists = jnp.zeros((3, 10)).at[0, :2].set(50.0).at[1, 2:4].set(100.0).at[2, 5:7].set(150.0)
+  sizes = jnp.sum(hists, axis=1)  # n = (1/6, 1/3, 1/2)
+  raw, n, d = disco_terms(sizes, hists)
+  close(d, np.full(3, math.sqrt(0.4)))
+  close(n, [1 / 6, 1 / 3, 1 / 2])
+  close(raw, [0.0, 1 / 3 - 0.5 * math.sqrt(0.4) + 0.1, 0.5 - 0.5 * math.sqrt(0.4) + 0.1])  # n > 0.216 counts
+  sizes6 = np.array([60.0, 70.0, 80.0, 90.0, 100.0, 100.0])  # six clients, every share <= 0.2 < 0.216
+  hists6 = jnp.zeros((6, 10))
+  for k, size in enumerate(sizes6):
+    hists6 = hists6.at[k, (2 * k) % 10].set(size / 2).at[k, (2 * k + 1) % 10].set(size / 2)
+  raw, n, _ = disco_terms(jnp.asarray(sizes6), hists6)
+  close(raw, np.zeros(6))
+  alg = make_feddisco(linear_logits, optax.sgd(0.1), LocalTrainSpec(1, 2))
+  params = {"w": jnp.zeros((2, 3))}
+  deltas = {"w": jnp.arange(36.0).reshape(6, 2, 3)}
+  new, diag = alg.server_update(alg.init_server(params), {"delta": deltas, "label_hist": hists6},
+                                jnp.asarray(sizes6), KEY)
+  assert bool(diag["disco_size_fallback"])
+  close(diag["aggregation_weights"], sizes6 / sizes6.sum())
+  close(new.params["w"], np.tensordot(sizes6 / sizes6.sum(), np.asarray(deltas["w"]), axes=1), atol=1e-4)
 
 
 # ----------------------------------------------------------------------------------------- FedLAW

@@ -26,9 +26,13 @@ Options (``config.algorithm.feddisco.*``):
 Conventions (official code, MediaBrain-SJTU/FedDisco ``disco.py``; read, not
 copied): ``n_k`` is normalised over the round's participants; when every
 ``n_k - a d_k + b`` is <= 0 the official code fails (an unset variable), here the
-round falls back to the size weights ``n_k``. A client with no real rows, or
+round falls back to the size weights ``n_k``, which makes the round FedAvg's: with
+``a = 0.5, b = 0.1`` that is every round once each client holds two labels of ten
+(``d_k >= 0.63`` against the uniform reference, so ``a d_k > n_k + b``), as in
+FedVSA's σ partitions; the round diagnostic ``disco_size_fallback`` says when. A client with no real rows, or
 with weight 0 from the engine, gets ``p_k = 0``; so does a non-finite histogram.
-Round diagnostics add ``disco_discrepancy`` [C] to FedAvg's.
+Round diagnostics add ``disco_discrepancy`` [C] and ``disco_size_fallback`` (bool: every
+ReLU clipped, the size weights used) to FedAvg's.
 """
 
 from __future__ import annotations
@@ -82,11 +86,12 @@ def disco_discrepancy(hists: jax.Array, valid: jax.Array, distance: str = "l2",
   return jnp.where(valid, d, 0.0)
 
 
-def disco_weights(sizes: jax.Array, hists: jax.Array, a: float = 0.5, b: float = 0.1, distance: str = "l2",
-                  reference: str = "uniform") -> tuple[jax.Array, jax.Array]:
-  """``(p [C], d [C])``: FedDisco's aggregation weights (Eq. 5) from the sample counts and label histograms.
+def disco_terms(sizes: jax.Array, hists: jax.Array, a: float = 0.5, b: float = 0.1, distance: str = "l2",
+                reference: str = "uniform") -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(raw [C], n [C], d [C])``: Eq. 5's unnormalised ``ReLU(n_k - a d_k + b)``, the size shares ``n_k`` and ``d_k``.
 
-  A client counts when its size is finite and > 0 and its histogram is finite with a positive total.
+  A client counts when its size is finite and > 0 and its histogram is finite with a positive total; any
+  other client gets 0 in all three.
   """
   sizes = jnp.asarray(sizes, jnp.float32)
   hists = jnp.asarray(hists, jnp.float32)
@@ -96,9 +101,20 @@ def disco_weights(sizes: jax.Array, hists: jax.Array, a: float = 0.5, b: float =
   n = n / jnp.maximum(jnp.sum(n), 1e-30)
   d = disco_discrepancy(jnp.where(valid[:, None], hists, 0.0), valid, distance, reference)
   raw = jnp.where(valid, jax.nn.relu(n - a * d + b), 0.0)
+  return raw, n, d
+
+
+def weights_from_terms(raw: jax.Array, n: jax.Array) -> jax.Array:
+  """Eq. 5's normalisation; when every ``raw`` is 0 (all clipped by the ReLU) the size shares ``n``."""
   total = jnp.sum(raw)
-  p = jnp.where(total > 0, raw / jnp.where(total > 0, total, 1.0), n)  # all clipped to 0: the size weights
-  return p, d
+  return jnp.where(total > 0, raw / jnp.where(total > 0, total, 1.0), n)
+
+
+def disco_weights(sizes: jax.Array, hists: jax.Array, a: float = 0.5, b: float = 0.1, distance: str = "l2",
+                  reference: str = "uniform") -> tuple[jax.Array, jax.Array]:
+  """``(p [C], d [C])``: FedDisco's aggregation weights (Eq. 5) from the sample counts and label histograms."""
+  raw, n, d = disco_terms(sizes, hists, a, b, distance, reference)
+  return weights_from_terms(raw, n), d
 
 
 def check_disco_options(a, b, distance: str, reference: str):
@@ -135,11 +151,13 @@ def make_feddisco(model: Model, client_opt: optax.GradientTransformation, spec: 
   def server_update(state, uploads, weights, key, context=None):
     uploads = dict(uploads)
     hists = uploads.pop("label_hist")
-    p, d = disco_weights(weights, hists, a, b, distance, reference)
+    raw, n, d = disco_terms(weights, hists, a, b, distance, reference)
+    p = weights_from_terms(raw, n)
     if context is not None:
       context = context._replace(weights=p)
     new_state, diagnostics = base.server_update(state, uploads, p, key, context=context)
-    return new_state, {**diagnostics, "disco_discrepancy": d}
+    fell_back = (jnp.sum(raw) <= 0) & (jnp.sum(n) > 0)
+    return new_state, {**diagnostics, "disco_discrepancy": d, "disco_size_fallback": fell_back}
 
   return base._replace(client_update=client_update, server_update=server_update,
                        malicious_update=None if base.malicious_update is None else malicious_update)
