@@ -29,8 +29,9 @@ copied): ``n_k`` is normalised over the round's participants; when every
 round falls back to the size weights ``n_k``, which makes the round FedAvg's: with
 ``a = 0.5, b = 0.1`` that is every round once each client holds two labels of ten
 (``d_k >= 0.63`` against the uniform reference, so ``a d_k > n_k + b``), as in
-FedVSA's σ partitions; the round diagnostic ``disco_size_fallback`` says when. A client with no real rows, or
-with weight 0 from the engine, gets ``p_k = 0``; so does a non-finite histogram.
+FedVSA's σ partitions; the round diagnostic ``disco_size_fallback`` says when. A
+client with no real rows, or with weight 0 from the engine, gets ``p_k = 0``; so
+does a non-finite histogram.
 Round diagnostics add ``disco_discrepancy`` [C] and ``disco_size_fallback`` (bool: every
 ReLU clipped, the size weights used) to FedAvg's.
 """
@@ -104,17 +105,19 @@ def disco_terms(sizes: jax.Array, hists: jax.Array, a: float = 0.5, b: float = 0
   return raw, n, d
 
 
-def weights_from_terms(raw: jax.Array, n: jax.Array) -> jax.Array:
-  """Eq. 5's normalisation; when every ``raw`` is 0 (all clipped by the ReLU) the size shares ``n``."""
+def weights_from_terms(raw: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """``(p [C], fell_back)``: Eq. 5's normalisation of ``raw``; when every ``raw`` is 0 (all clipped by the ReLU)
+  ``p`` is the size shares ``n`` and ``fell_back`` is True (False when no client counts at all)."""
   total = jnp.sum(raw)
-  return jnp.where(total > 0, raw / jnp.where(total > 0, total, 1.0), n)
+  fell_back = (total <= 0) & (jnp.sum(n) > 0)
+  return jnp.where(total > 0, raw / jnp.where(total > 0, total, 1.0), n), fell_back
 
 
 def disco_weights(sizes: jax.Array, hists: jax.Array, a: float = 0.5, b: float = 0.1, distance: str = "l2",
                   reference: str = "uniform") -> tuple[jax.Array, jax.Array]:
   """``(p [C], d [C])``: FedDisco's aggregation weights (Eq. 5) from the sample counts and label histograms."""
   raw, n, d = disco_terms(sizes, hists, a, b, distance, reference)
-  return weights_from_terms(raw, n), d
+  return weights_from_terms(raw, n)[0], d
 
 
 def check_disco_options(a, b, distance: str, reference: str):
@@ -152,11 +155,10 @@ def make_feddisco(model: Model, client_opt: optax.GradientTransformation, spec: 
     uploads = dict(uploads)
     hists = uploads.pop("label_hist")
     raw, n, d = disco_terms(weights, hists, a, b, distance, reference)
-    p = weights_from_terms(raw, n)
+    p, fell_back = weights_from_terms(raw, n)
     if context is not None:
       context = context._replace(weights=p)
     new_state, diagnostics = base.server_update(state, uploads, p, key, context=context)
-    fell_back = (jnp.sum(raw) <= 0) & (jnp.sum(n) > 0)
     return new_state, {**diagnostics, "disco_discrepancy": d, "disco_size_fallback": fell_back}
 
   return base._replace(client_update=client_update, server_update=server_update,
