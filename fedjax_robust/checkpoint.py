@@ -25,7 +25,7 @@ import shutil
 import sys
 import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -98,23 +98,48 @@ class _DropUnretrievedOrbaxReads(logging.Filter):
     return not is_unretrieved_orbax_read(record)
 
 
-def _drop_abandoned_orbax_reads() -> None:
+def _drop_abandoned_orbax_reads() -> Callable[[], None]:
   """Install (once) an unraisable-exception hook that drops :func:`is_abandoned_orbax_read` reports and hands every
   other one to the hook it replaces, and a filter on the ``asyncio`` logger that drops
-  :func:`is_unretrieved_orbax_read` records. Installed only once a restore has failed."""
+  :func:`is_unretrieved_orbax_read` records. Returns what takes this installation back out again (nothing, where an
+  earlier one is still in place), for a restore that then succeeds: see :func:`_watching_orbax_reads`."""
   asyncio_logger = logging.getLogger("asyncio")
+  log_filter = None
   if not any(isinstance(f, _DropUnretrievedOrbaxReads) for f in asyncio_logger.filters):
-    asyncio_logger.addFilter(_DropUnretrievedOrbaxReads())
-  if getattr(sys.unraisablehook, "drops_abandoned_orbax_reads", False):
-    return
-  previous = sys.unraisablehook
+    log_filter = _DropUnretrievedOrbaxReads()
+    asyncio_logger.addFilter(log_filter)
+  hook = None
+  if not getattr(sys.unraisablehook, "drops_abandoned_orbax_reads", False):
+    previous = sys.unraisablehook
 
-  def hook(unraisable):
-    if not is_abandoned_orbax_read(unraisable):
-      previous(unraisable)
+    def hook(unraisable):
+      if not is_abandoned_orbax_read(unraisable):
+        previous(unraisable)
 
-  hook.drops_abandoned_orbax_reads = True
-  sys.unraisablehook = hook
+    hook.drops_abandoned_orbax_reads = True
+    sys.unraisablehook = hook
+
+  def uninstall() -> None:
+    if log_filter is not None:
+      asyncio_logger.removeFilter(log_filter)
+    if hook is not None and sys.unraisablehook is hook:  # never undo a hook someone installed after ours
+      sys.unraisablehook = previous
+
+  return uninstall
+
+
+@contextlib.contextmanager
+def _watching_orbax_reads():
+  """Drop orbax's repeated reports of a failed read from before a restore starts, and keep dropping them (for good)
+  when it fails; a restore that succeeds leaves the hooks as they were.
+
+  Installing them only once the restore has raised is too late: tensorstore completes the abandoned reads in its
+  own threads, whose callbacks find orbax's event loop already closed and report that at once, sometimes before the
+  restore's exception reaches us (CI, 2026-12-06: "Exception ignored in: None", RuntimeError: Event loop is closed).
+  """
+  uninstall = _drop_abandoned_orbax_reads()
+  yield  # an exception raised here skips the line below: the hooks stay
+  uninstall()
 
 
 class CheckpointError(RuntimeError):
@@ -229,10 +254,10 @@ class RunCheckpointer:
     failed = []
     for step in rounds:
       try:
-        state = self.restore(template, step)
+        with _watching_orbax_reads():
+          state = self.restore(template, step)
       except Exception as e:  # noqa: BLE001 (orbax and tensorstore raise many kinds for a damaged checkpoint)
         failed.append((step, failure_reason(e)))
-        _drop_abandoned_orbax_reads()
         continue
       for bad, reason in failed:
         kept = self._set_aside(bad)

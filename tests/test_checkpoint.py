@@ -256,6 +256,50 @@ def test_restoring_installs_nothing_until_a_restore_fails(tmp_path, monkeypatch)
   assert sys.unraisablehook is sentinel and not logging.getLogger("asyncio").filters
 
 
+def test_orbax_reports_that_arrive_before_a_failed_restore_raises_are_dropped(monkeypatch):
+  """tensorstore's threads report orbax's closed event loop as soon as an abandoned read completes, which can be
+  before the restore's exception reaches restore_newest (CI, 2026-12-06): the hook is in place from the start of
+  each restore, stays when it fails and goes when it succeeds."""
+  import asyncio
+  import logging
+  import sys
+  from types import SimpleNamespace
+
+  from fedjax_robust import checkpoint
+
+  closed_loop = asyncio.new_event_loop()
+  closed_loop.close()
+  try:
+    closed_loop.call_soon_threadsafe(print)
+  except RuntimeError as e:
+    loop_closed = SimpleNamespace(object=None, exc_value=e, exc_traceback=e.__traceback__)
+  other = SimpleNamespace(object=None, exc_value=ValueError("x"), exc_traceback=None)
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  monkeypatch.setattr(logging.getLogger("asyncio"), "filters", [])
+
+  def restore_reporting(template, step):
+    sys.unraisablehook(loop_closed)  # from tensorstore's thread, while the restore is still unwinding
+    sys.unraisablehook(other)
+    if step == 3:
+      raise ValueError("OUT_OF_RANGE")
+    return f"state {step}"
+
+  ckpt = SimpleNamespace(saved_rounds=[2], restore=restore_reporting)
+  assert checkpoint.RunCheckpointer.restore_newest(ckpt, template=None) == "state 2"
+  assert seen == [other] and sys.unraisablehook == seen.append  # succeeded: nothing left installed
+  assert not logging.getLogger("asyncio").filters
+
+  ckpt = SimpleNamespace(saved_rounds=[2, 3], restore=restore_reporting, _set_aside=lambda step: f"{step}.damaged",
+                         _manager=SimpleNamespace(reload=lambda: None))
+  assert checkpoint.RunCheckpointer.restore_newest(ckpt, template=None) == "state 2"
+  assert seen == [other, other, other]  # the closed loop's reports dropped in both the failed and the good restore
+  assert sys.unraisablehook.drops_abandoned_orbax_reads  # failed once: stays, for the reads discarded later
+  sys.unraisablehook(loop_closed)
+  assert seen == [other, other, other]
+  assert len(logging.getLogger("asyncio").filters) == 1
+
+
 def test_resuming_with_a_different_experiment_is_refused(tmp_path):
   c = digits_config(rounds=2)
   c.output.checkpoint_every = 1
