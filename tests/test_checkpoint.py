@@ -154,8 +154,20 @@ def _coroutine_named(name: str, filename: str):
   return namespace[name]()
 
 
-def test_only_abandoned_orbax_reads_are_dropped_and_only_after_a_failed_restore(monkeypatch):
+def _closed_event_loop_report():
+  """What ``sys.unraisablehook`` receives when a tensorstore callback reaches orbax's closed event loop."""
   import asyncio
+  from types import SimpleNamespace
+  closed_loop = asyncio.new_event_loop()
+  closed_loop.close()
+  try:
+    closed_loop.call_soon_threadsafe(print)
+  except RuntimeError as e:
+    return SimpleNamespace(object=None, exc_value=e, exc_traceback=e.__traceback__)
+  raise AssertionError("a closed event loop took a callback")
+
+
+def test_only_abandoned_orbax_reads_are_dropped_and_only_after_a_failed_restore(monkeypatch):
   import sys
   from types import SimpleNamespace
 
@@ -168,12 +180,7 @@ def test_only_abandoned_orbax_reads_are_dropped_and_only_after_a_failed_restore(
     def report(obj, exc=None):
       return SimpleNamespace(object=obj, exc_value=exc or Exception("x"), exc_traceback=None)
 
-    closed_loop = asyncio.new_event_loop()
-    closed_loop.close()
-    try:
-      closed_loop.call_soon_threadsafe(print)
-    except RuntimeError as e:
-      loop_closed = SimpleNamespace(object=None, exc_value=e, exc_traceback=e.__traceback__)
+    loop_closed = _closed_event_loop_report()
     assert checkpoint.is_abandoned_orbax_read(report(reader))
     assert checkpoint.is_abandoned_orbax_read(loop_closed)
     assert not checkpoint.is_abandoned_orbax_read(report(other_reader))
@@ -260,19 +267,13 @@ def test_orbax_reports_that_arrive_before_a_failed_restore_raises_are_dropped(mo
   """tensorstore's threads report orbax's closed event loop as soon as an abandoned read completes, which can be
   before the restore's exception reaches restore_newest (CI, 2026-12-06): the hook is in place from the start of
   each restore, stays when it fails and goes when it succeeds."""
-  import asyncio
   import logging
   import sys
   from types import SimpleNamespace
 
   from fedjax_robust import checkpoint
 
-  closed_loop = asyncio.new_event_loop()
-  closed_loop.close()
-  try:
-    closed_loop.call_soon_threadsafe(print)
-  except RuntimeError as e:
-    loop_closed = SimpleNamespace(object=None, exc_value=e, exc_traceback=e.__traceback__)
+  loop_closed = _closed_event_loop_report()
   other = SimpleNamespace(object=None, exc_value=ValueError("x"), exc_traceback=None)
   seen = []
   monkeypatch.setattr(sys, "unraisablehook", seen.append)
