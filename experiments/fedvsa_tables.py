@@ -358,8 +358,12 @@ def rank_agreement(cells: dict, columns, paper: dict) -> list[str]:
       if np.isinf(ours).all():
         parts.append(f"{target}: none of our {len(methods)} methods reached it")
         continue
-      rho = stats.spearmanr(ours, ref).statistic  # NaN when one side ranks every method equal
       fastest = lambda x: "/".join(LABELS[m].strip("*") for m, v in zip(methods, x) if v == x.min())
+      if np.unique(ours).size == 1:  # a rank correlation with a constant is undefined (scipy warns, returns NaN)
+        parts.append(f"{target}: ρ undefined, all {len(methods)} of our methods tie at round {ours[0]:g}, "
+                     f"paper's fastest {fastest(ref)}")
+        continue
+      rho = stats.spearmanr(ours, ref).statistic  # NaN when the paper's side ranks every method equal
       parts.append(f"{target}: ρ = " + ("undefined" if np.isnan(rho) else f"{rho:+.2f}")
                    + f" over {len(methods)} methods, fastest ours {fastest(ours)}, paper {fastest(ref)}")
   if not parts:
