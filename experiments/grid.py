@@ -178,7 +178,9 @@ PER_ROUND_SCALARS = {"train_loss": "train_loss_per_round", "benign_train_loss": 
                      "num_removed": "num_removed_per_round",
                      "backdoor_confidence": "backdoor_confidence_per_round",  # FedCC Fig. 4 (every-round eval)
                      "global_test_acc": "global_test_acc_per_round",
-                     # FedVSA's detection (algorithms/fedvsa.py): when its loss audit fired, whom Shapley flagged
+                     # FedVSA's detection (algorithms/fedvsa.py): how many reports exceeded the audit's reference
+                     # (it fires at a quorum of them), when it fired, whom Shapley flagged
+                     "audit_exceedances": "audit_exceedances_per_round",
                      "audit_alarm": "audit_alarm_per_round", "shapley_flagged_benign": "shapley_flagged_benign_per_round",
                      "shapley_flagged_attackers": "shapley_flagged_attackers_per_round",
                      # an attacked run's detection counts of the round (simulation.py: detection_rates of the

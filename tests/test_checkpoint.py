@@ -473,15 +473,16 @@ def test_per_round_series_keeps_only_what_every_round_logs_and_rejects_a_gappy_l
 
 
 def test_per_round_series_keeps_fedvsas_detection_log(tmp_path):
-  """A FedVSA run's audit alarms and Shapley flags travel with its cell (fedvsa_tables' Table 5 parts block)."""
+  """A FedVSA run's audit counts and alarms and its Shapley flags travel with its cell (fedvsa_tables' Table 5
+  parts block; the count of reports above the reference says how close a quiet audit came to its quorum)."""
   grid = grid_module()
-  rows = [{"round": 1, "train_loss": 2.0, "audit_alarm": False, "shapley_flagged_benign": 0,
+  rows = [{"round": 1, "train_loss": 2.0, "audit_exceedances": 0, "audit_alarm": False, "shapley_flagged_benign": 0,
            "shapley_flagged_attackers": 0, "shapley_values": [0.0, 0.0]},
-          {"round": 2, "train_loss": 1.0, "audit_alarm": True, "shapley_flagged_benign": 1,
+          {"round": 2, "train_loss": 1.0, "audit_exceedances": 2, "audit_alarm": True, "shapley_flagged_benign": 1,
            "shapley_flagged_attackers": 1, "shapley_values": [-0.2, -0.01]}]
   _write_run(tmp_path / "fedvsa", rows)
   assert grid.per_round_series(tmp_path / "fedvsa") == {
-      "train_loss_per_round": [2.0, 1.0], "audit_alarm_per_round": [False, True],
+      "train_loss_per_round": [2.0, 1.0], "audit_exceedances_per_round": [0, 2], "audit_alarm_per_round": [False, True],
       "shapley_flagged_benign_per_round": [0, 1], "shapley_flagged_attackers_per_round": [0, 1]}
 
 
