@@ -249,7 +249,7 @@ def test_table5_parts_separate_fedvsas_weighting_from_its_detection():
   table = T.table5(results)
   assert "| sigma900, α=0.3 | 70.00 | 75.00 | 58.33 | 3 of 6 | 5 | -20.0 / +23.3 |" in table
   # The main table shows the paper's methods only; without the aggregation-only cell the detection's log still
-  # makes the row (the audit's false alarms are the question in a run with no attacker), with neither no block.
+  # makes the row (the audit's false alarms are the question in a run with no attacker); with neither there is no block.
   assert "| sigma900, α=0.3 | 70.00 / 70.00 (89.77) | 80.00 / 58.33 (95.12) |" in table
   del results[key("fedvsa_aggregation_only")]
   assert "| sigma900, α=0.3 | 70.00 | — | 58.33 | 3 of 6 | 5 | -20.0 / +23.3 |" in T.table5(results)
