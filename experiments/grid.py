@@ -318,8 +318,10 @@ def pool_seed_cells(cells: list[dict]) -> dict:
   the shape :func:`run_cells` stores for a seeds program (each numeric field's mean, std across seeds and values;
   the per-seed records under ``per_seed``), so a table shows them as mean ± std over seeds.
 
-  The seed of a cell is its config's ``seed``. Refused: a seeds cell among them, a seed given twice, or cells whose
-  ``protocol`` (rounds, epochs, reductions: what the table's note states) or whose ``rounds`` / ``epochs`` differ.
+  The seed of a cell is its config's ``seed``. Refused: a seeds cell among them, a seed given twice, cells whose
+  ``protocol`` (rounds, epochs, reductions: what the table's note states) or whose ``rounds`` / ``epochs`` differ,
+  or cells that trained another setting (:func:`setting_differences`: a calibration variant, a learning rate, a
+  partition rule), which a table would otherwise show under one label as if it were seed noise.
   The pooled cell keeps the first cell's config and protocol, each run's provenance under ``pooled_runs``, the
   summed ``wall_s`` and every device kind."""
   if not cells:
@@ -333,6 +335,11 @@ def pool_seed_cells(cells: list[dict]) -> dict:
     found = [json.dumps(c.get(field), sort_keys=True) for c in cells]
     if len(set(found)) > 1:
       raise ValueError(f"cells to pool differ in {field!r}: {sorted(set(found))}")
+  differences = setting_differences([c.get("config", {}) for c in cells])
+  if differences:
+    shown = "; ".join(f"{k}: {v}" for k, v in list(differences.items())[:8])
+    raise ValueError(f"cells to pool trained different settings ({len(differences)} config field(s), seed order "
+                     f"{seeds}): {shown}")
   order = sorted(range(len(cells)), key=lambda i: seeds[i])
   per_seed = {str(seeds[i]): {k: v for k, v in cells[i].items() if k not in PROVENANCE_FIELDS + ("rounds", "epochs")}
               for i in order}  # rounds / epochs: equal (checked above), kept once on the cell
@@ -347,6 +354,49 @@ def pool_seed_cells(cells: list[dict]) -> dict:
     cell["fixed_seed_fields"] = fixed
   cell["device_kind"] = ", ".join(sorted({str(c.get("device_kind") or c.get("backend")) for c in cells}))
   return cell
+
+
+# Config fields that say how a run was evaluated, computed, stored or where its data lay, not what it trained:
+# pooled runs may differ in them (an extra evaluator, another data folder, another engine path that the engine's
+# equivalence tests hold equal). What the table's note states about evaluation is the ``protocol``, checked apart.
+POOL_FREE_FIELDS = ("eval", "eval_every", "engine", "output", "seeds", "grid", "data.data_dir", "data.cache_dir",
+                    "data.allow_download")
+
+
+def _flat_config(config: dict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in (config or {}).items():
+    if isinstance(value, dict):
+      flat.update(_flat_config(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = json.dumps(value, sort_keys=True)
+  return flat
+
+
+def setting_differences(configs: list[dict]) -> dict[str, list]:
+  """``{dotted field: [each run's value]}`` for the fields in which several runs' resolved configs trained a
+  different setting: every field all of them record, except the seed fields, :data:`POOL_FREE_FIELDS`, the fields of
+  a block switched off in every run (``name`` = ``"none"``, e.g. an unused ``attack.client``) and the option blocks
+  of algorithms none of them ran (``algorithm.<other>``). A field only some runs record (a config key added since
+  the older runs) is not compared: it did not exist when they ran, so they ran its default."""
+  if len(configs) < 2:
+    return {}
+  from fedjax_robust.run import seed_fields_of
+  flats = [_flat_config(c) for c in configs]
+  shared = set.intersection(*(set(f) for f in flats))
+  free = set(POOL_FREE_FIELDS) | {f for c in configs for f in seed_fields_of(c)}
+  off = {key[:-len("name")] for key in shared if key.endswith(".name") and key.count(".") >= 1
+         and all(f[key] == '"none"' for f in flats)}
+  ran = {json.loads(f["algorithm.name"]) for f in flats if "algorithm.name" in f}
+
+  def compared(key: str) -> bool:
+    if any(key == f or key.startswith(f + ".") for f in free) or any(key.startswith(p) for p in off):
+      return False
+    parts = key.split(".")
+    return not (parts[0] == "algorithm" and len(parts) > 2 and ran and parts[1] not in ran)
+
+  return {key: [json.loads(f[key]) for f in flats] for key in sorted(shared)
+          if compared(key) and len({f[key] for f in flats}) > 1}
 
 
 def _fixed_seed_fields(configs: list[dict]) -> dict:

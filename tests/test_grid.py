@@ -157,3 +157,37 @@ def test_pooled_runs_that_shared_a_draw_say_so_in_the_setup_note():
   half = grid.pool_seed_cells([_drawn_cell(0, 0, 0, 80.0), _drawn_cell(1, 1, 0, 82.0)])  # attackers shared only
   assert half["fixed_seed_fields"] == {"attack.seed": 0}
   assert grid.seeds_phrase({"value": 1.0}) == "1 seed(s)" and grid.seeds_phrase({"seeds": [0, 1, 2]}) == "3 seed(s)"
+
+
+def _setting_cell(seed, value, **config):
+  cell = _one_seed_cell(seed, value)
+  cell["config"] = {**cell["config"], "seed_fields": "seed,data.seed", "data": {"seed": seed, "data_dir": f"/d{seed}"},
+                    "algorithm": {"name": "fedavg", "fedprox": {"mu": 0.0}},
+                    "attack": {"client": {"name": "none", "epochs": 0}}, "eval": {"metrics": "accuracy"}, **config}
+  return cell
+
+
+def test_pooling_refuses_runs_that_trained_another_setting_and_names_the_field():
+  """A calibration axis (or a learning rate) differing between the runs would show up as seed noise in one row."""
+  import pytest
+  calib = lambda axis: {"adversarial": {"fedalc": {"calib_axis": axis}}}
+  with pytest.raises(ValueError, match=r"different settings.*adversarial\.fedalc\.calib_axis: \['class', 'sample'\]"):
+    grid.pool_seed_cells([_setting_cell(0, 80.0, **calib("class")), _setting_cell(1, 81.0, **calib("sample"))])
+  assert grid.setting_differences([{"client": {"lr": 0.1}}, {"client": {"lr": 0.05}}]) == {"client.lr": [0.1, 0.05]}
+  assert grid.setting_differences([{"client": {"lr": 0.1}}]) == {}
+
+
+def test_pooling_ignores_what_does_not_change_what_was_trained():
+  """Seed fields, the data folder, evaluators, a switched-off block's fields, an algorithm nobody ran, and a field an
+  older run's config does not record at all (added since: that run ran its default)."""
+  cells = [_setting_cell(0, 80.0),
+           _setting_cell(1, 82.0, attack={"client": {"name": "none", "epochs": 6}}, eval={"metrics": "accuracy,robust"},
+                         algorithm={"name": "fedavg", "fedprox": {"mu": 0.01}}, engine={"pair_forward": "auto"})]
+  assert grid.setting_differences([c["config"] for c in cells]) == {}
+  assert grid.pool_seed_cells(cells)["value"] == 81.0
+  ran = [_setting_cell(0, 80.0, algorithm={"name": "fedprox", "fedprox": {"mu": 0.0}}),
+         _setting_cell(1, 82.0, algorithm={"name": "fedprox", "fedprox": {"mu": 0.01}})]
+  assert grid.setting_differences([c["config"] for c in ran]) == {"algorithm.fedprox.mu": [0.0, 0.01]}
+  on = [_setting_cell(0, 80.0, attack={"client": {"name": "backdoor_training", "epochs": 6}}),
+        _setting_cell(1, 82.0, attack={"client": {"name": "backdoor_training", "epochs": 12}})]
+  assert grid.setting_differences([c["config"] for c in on]) == {"attack.client.epochs": [6, 12]}
