@@ -326,6 +326,7 @@ def pool_seed_cells(cells: list[dict]) -> dict:
   summed ``wall_s`` and every device kind."""
   if not cells:
     raise ValueError("no cells to pool")
+  cells = [_one_lane_as_run(c) for c in cells]
   if any("seeds" in c and c["seeds"] for c in cells):
     raise ValueError("pool_seed_cells pools one-seed cells; a seeds cell (a vmapped seeds program) is already pooled")
   seeds = [int(c.get("config", {}).get("seed", 0)) for c in cells]
@@ -354,6 +355,28 @@ def pool_seed_cells(cells: list[dict]) -> dict:
     cell["fixed_seed_fields"] = fixed
   cell["device_kind"] = ", ".join(sorted({str(c.get("device_kind") or c.get("backend")) for c in cells}))
   return cell
+
+
+def _one_lane_as_run(cell: dict) -> dict:
+  """A seeds program of ONE seed (``--seeds 1``) as the one-seed run it is: its lane's record, the program's
+  provenance, and a config whose seed fields hold the lane's seed (what ``--seed N`` would have recorded; the program
+  itself keeps seed 0 in its config and sets each lane's fields when it runs). Any other cell as it is."""
+  import copy
+  seeds = cell.get("seeds")
+  if not seeds or len(seeds) != 1 or str(seeds[0]) not in cell.get("per_seed", {}):
+    return cell
+  from fedjax_robust.run import seed_fields_of
+  seed = int(seeds[0])
+  config = copy.deepcopy(cell.get("config", {}))
+  for field in seed_fields_of(config):
+    *path, leaf = field.split(".")
+    block = config
+    for part in path:
+      block = block.setdefault(part, {})
+    block[leaf] = seed
+  config["seeds"] = ""
+  lane = {k: v for k, v in cell.items() if k in PROVENANCE_FIELDS + ("rounds", "epochs", "protocol")}
+  return {**cell["per_seed"][str(seeds[0])], **lane, "config": config}
 
 
 # Config fields that say how a run was evaluated, computed, stored or where its data lay, not what it trained:

@@ -191,3 +191,20 @@ def test_pooling_ignores_what_does_not_change_what_was_trained():
   on = [_setting_cell(0, 80.0, attack={"client": {"name": "backdoor_training", "epochs": 6}}),
         _setting_cell(1, 82.0, attack={"client": {"name": "backdoor_training", "epochs": 12}})]
   assert grid.setting_differences([c["config"] for c in on]) == {"attack.client.epochs": [6, 12]}
+
+
+def test_a_seeds_program_of_one_seed_pools_as_that_seeds_run():
+  """`--seeds 1` stores a seeds cell of one lane (config.seed stays 0); pooled, it is seed 1's run with its own
+  record and provenance, and its config's seed fields say 1, as `--seed 1` would have recorded."""
+  lane = _drawn_cell(1, 1, 1, 88.0)
+  program = {"seeds": [1], "per_seed": {"1": {"value": 88.0, "natural": 88.0, "natural_window_std": 0.5}},
+             "value": 88.0, "value_std": 0.0, "rounds": 100, "epochs": 1, "protocol": lane["protocol"],
+             "command": "run --seeds 1", "commit": "def", "wall_s": 50.0,
+             "config": {**lane["config"], "seed": 0, "seeds": "1", "data": {"seed": 0}, "attack": {"seed": 0}}}
+  cell = grid.pool_seed_cells([_drawn_cell(0, 0, 0, 84.0), program])
+  assert cell["seeds"] == [0, 1] and cell["value_values"] == [84.0, 88.0] and cell["value"] == 86.0
+  assert cell["pooled_runs"]["1"]["command"] == "run --seeds 1" and cell["wall_s"] == 150.0
+  assert "fixed_seed_fields" not in cell  # each run drew its own partition and attackers
+  import pytest
+  with pytest.raises(ValueError, match="already pooled"):  # two lanes: a real seeds program, not one run
+    grid.pool_seed_cells([_drawn_cell(2, 2, 2, 84.0), {**program, "seeds": [0, 1]}])
