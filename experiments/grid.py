@@ -376,7 +376,7 @@ def _one_lane_as_run(cell: dict) -> dict:
     block[leaf] = seed
   config["seeds"] = ""
   lane = {k: v for k, v in cell.items() if k in PROVENANCE_FIELDS + ("rounds", "epochs", "protocol")}
-  return {**cell["per_seed"][str(seeds[0])], **lane, "config": config}
+  return {**cell["per_seed"][str(seed)], **lane, "config": config}
 
 
 # Config fields that say how a run was evaluated, computed, stored or where its data lay, not what it trained:
@@ -408,8 +408,7 @@ def setting_differences(configs: list[dict]) -> dict[str, list]:
   flats = [_flat_config(c) for c in configs]
   shared = set.intersection(*(set(f) for f in flats))
   free = set(POOL_FREE_FIELDS) | {f for c in configs for f in seed_fields_of(c)}
-  off = {key[:-len("name")] for key in shared if key.endswith(".name") and key.count(".") >= 1
-         and all(f[key] == '"none"' for f in flats)}
+  off = {key[:-len("name")] for key in shared if key.endswith(".name") and all(f[key] == '"none"' for f in flats)}
   ran = {json.loads(f["algorithm.name"]) for f in flats if "algorithm.name" in f}
 
   def compared(key: str) -> bool:
