@@ -372,10 +372,22 @@ def _status(ok: bool | None) -> str:
   return "not run" if ok is None else ("met" if ok else "NOT met")
 
 
+def _seed_mismatch(results: dict, dataset: str, alpha: float, methods: tuple) -> str:
+  """``"; seeds differ: FedALC 0,1,2 / FedAvg 0,1"`` when the cells a same-α target compares were not run at the
+  same seeds (pooled files with a seed more for one method), else ``""``: their means then differ by partition too."""
+  cells = {m: results.get(cell_key(dataset, alpha, m)) for m in methods}
+  seeds = {m: grid.cell_seeds(c) for m, c in cells.items() if c is not None}
+  if len(set(seeds.values())) < 2:
+    return ""
+  return "; seeds differ: " + " / ".join(f"{METHODS[m]} {','.join(map(str, s))}" for m, s in seeds.items())
+
+
 def acceptance_checks(results: dict, dataset: str, paper: bool = False) -> list[tuple[str, bool | None, str]]:
   """Spec §5.5's targets on natural accuracy, as ``(target, met: True / False / None = not run, the numbers)``,
-  from the cells present (``paper=True``: from the paper's own numbers)."""
+  from the cells present (``paper=True``: from the paper's own numbers). A same-α comparison of cells run at
+  different seeds says so in its numbers (:func:`_seed_mismatch`)."""
   nat = lambda a, m: _natural(results, dataset, a, m, paper)
+  differ = lambda a, *ms: "" if paper else _seed_mismatch(results, dataset, a, ms)
   alphas = _alphas_of({} if paper else results, dataset, TABLE2_ALPHAS if dataset == "cifar10" else TABLE1_ALPHAS)
   low, high = [a for a in alphas if a <= 0.1], [a for a in alphas if a >= 0.5]
   checks = []
@@ -383,7 +395,8 @@ def acceptance_checks(results: dict, dataset: str, paper: bool = False) -> list[
     fa, fv, fp = nat(a, "fedalc"), nat(a, "fedavg"), nat(a, "fedprox")
     missing = [METHODS[m] for m, v in (("fedalc", fa), ("fedavg", fv), ("fedprox", fp)) if v is None]
     checks.append((f"FedALC ≥ FedAvg > FedProx at α = {a}", None if missing else fa >= fv > fp,
-                   f"no {', '.join(missing)} cell" if missing else f"{fa:.2f} / {fv:.2f} / {fp:.2f}"))
+                   f"no {', '.join(missing)} cell" if missing
+                   else f"{fa:.2f} / {fv:.2f} / {fp:.2f}{differ(a, 'fedalc', 'fedavg', 'fedprox')}"))
   for a in low + high:
     fa, fv = nat(a, "fedalc"), nat(a, "fedavg")
     if a in low:
@@ -393,7 +406,7 @@ def acceptance_checks(results: dict, dataset: str, paper: bool = False) -> list[
       target, ok = f"|FedALC − FedAvg| ≤ {GAIN_HIGH_ALPHA:g} at α = {a}", lambda g: abs(g) <= GAIN_HIGH_ALPHA
     missing = [METHODS[m] for m, v in (("fedalc", fa), ("fedavg", fv)) if v is None]
     checks.append((target, None if missing else ok(fa - fv),
-                   f"no {', '.join(missing)} cell" if missing else f"{fa - fv:+.2f}"))
+                   f"no {', '.join(missing)} cell" if missing else f"{fa - fv:+.2f}{differ(a, 'fedalc', 'fedavg')}"))
   for m in PAPER_METHODS:
     lo = [v for v in (nat(a, m) for a in low) if v is not None]
     hi = [v for v in (nat(a, m) for a in high) if v is not None]

@@ -111,6 +111,14 @@ def n_seeds(cell: dict) -> int:
   return len(cell.get("seeds") or [None])
 
 
+def cell_seeds(cell: dict) -> tuple:
+  """The seeds a stored cell's numbers come from: a seeds program's or pooled cell's ``seeds``, else its config's
+  ``seed`` (a one-seed run). Two cells compared side by side are a like-for-like comparison only on equal tuples."""
+  if cell.get("seeds"):
+    return tuple(int(s) for s in cell["seeds"])
+  return (int((cell.get("config") or {}).get("seed", 0)),)
+
+
 def seeds_phrase(cell: dict) -> str:
   """``"3 seed(s)"`` for a table's setup note, saying when the seeds shared a draw: a cell pooled from one-seed runs
   that varied only ``seed`` (``fixed_seed_fields``, :func:`pool_seed_cells`) names the fields every run kept."""

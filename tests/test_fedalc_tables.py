@@ -133,7 +133,7 @@ def test_table1_from_several_files_pools_one_seed_runs_and_says_which_rows_ran_h
   assert "2 seed(s) (pooled from 2 separate one-seed runs); robust columns on the first 500 test images" in pooled
   assert "3 seed(s); " in program and program.split(". Shown")[0].endswith("[FedALC α 0.1]")
   assert "first 500" not in program
-  assert "FedALC − FedAvg in [+1, +4] at α = 0.1: NOT met (-15.00)" in table
+  assert "FedALC − FedAvg in [+1, +4] at α = 0.1: NOT met (-15.00; seeds differ: FedALC 0,1,2 / FedAvg 0,1)" in table
 
 
 def test_table2_and_its_paper_row():
@@ -286,3 +286,21 @@ def test_label_shift_check_moves_real_labels_only_and_reads_accuracy_by_digit():
   np.testing.assert_array_equal(moved.y_global_test, [0, 5])
   by_index = [float(i) for i in range(10)]  # unit i scored i%
   assert x.digit_accuracy(by_index, 1)[9] == 0.0 and x.digit_accuracy(by_index, 1)[0] == 1.0
+
+
+def test_acceptance_names_seeds_that_differ_between_compared_cells():
+  """Pooled files can hold a seed more for one method: a same-α comparison then mixes partitions, and says so."""
+  three, two, prox = _cell(82.0), _cell(80.0, seeds=(0, 1)), _cell(79.0, seeds=())
+  prox["config"]["seed"] = 1  # a one-seed run: its config's seed
+  results = {t.cell_key("mnist", 0.1, "fedalc"): three, t.cell_key("mnist", 0.1, "fedavg"): two,
+             t.cell_key("mnist", 0.1, "fedprox"): prox}
+  checks = {target: (ok, numbers) for target, ok, numbers in t.acceptance_checks(results, "mnist")}
+  assert checks["FedALC ≥ FedAvg > FedProx at α = 0.1"] == (
+      True, "82.00 / 80.00 / 79.00; seeds differ: FedALC 0,1,2 / FedAvg 0,1 / FedProx 1")
+  gap = "FedALC − FedAvg in [+1, +4] at α = 0.1"
+  assert checks[gap] == (True, "+2.00; seeds differ: FedALC 0,1,2 / FedAvg 0,1")
+  two["seeds"] = [0, 1, 2]  # same seeds: no note
+  checks = {target: numbers for target, _, numbers in t.acceptance_checks(results, "mnist")}
+  assert checks["FedALC − FedAvg in [+1, +4] at α = 0.1"] == "+2.00"
+  assert "FedProx 1" in checks["FedALC ≥ FedAvg > FedProx at α = 0.1"]
+  assert t.grid.cell_seeds({"config": {}}) == (0,)
