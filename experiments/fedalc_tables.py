@@ -299,7 +299,8 @@ def _start_note(cfg: dict) -> str:
 
 def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
   """Which runs the table's cells are, and which ± it shows; when the cells ran in different ways and ``labels``
-  name their rows, each way says which rows it covers."""
+  name their rows, each way says which rows it covers, and cells at different seeds are named
+  (:func:`grid.seeds_differ_note`)."""
   runs: dict[str, list[str]] = {}
   for i, cell in enumerate(cells):
     p = _cell_protocol(cell)
@@ -319,7 +320,8 @@ def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
     std.append("one seed: ± = std over the window's evaluated rounds (ddof 0; the paper's ±, spec A16)")
   if True in seeds:
     std.append("several seeds: mean of the per-seed window means ± their std across seeds (ddof 0)")
-  return "Cells ran with: " + "; ".join(runs) + ". Shown: " + "; ".join(std) + "."
+  differ = grid.seeds_differ_note(dict(zip(labels, cells))) if labels else ""
+  return "Cells ran with: " + "; ".join(runs) + ". Shown: " + "; ".join(std) + "." + (" " + differ if differ else "")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -455,10 +455,14 @@ def render(results: dict, title: str, columns: list[tuple[str, str]], methods: d
   if any("before_aggregation" in (lookup(results, d, p, "fedcac") or {}) for d, p in columns):
     rows.append(["FedCAC, before aggregation (ours only)"]
                 + [f"{ours(lookup(results, d, p, 'fedcac'), 'before_aggregation')} / —" for d, p in columns])
-  cells = [c for c in (lookup(results, d, p, m) for d, p in columns for m in methods) if c is not None]
+  labelled = {f"{label} ({_column_label(d, p)})": lookup(results, d, p, m) for d, p in columns
+              for m, label in methods.items()}
+  cells = [c for c in labelled.values() if c is not None]
+  differ = grid.seeds_differ_note(labelled)
   return "\n".join([f"**{title}** (accuracy %, ours / paper)", "",
                     *_table(["Method"] + [f"{_column_label(d, p)}" for d, p in columns], rows), "",
-                    setup_note(cells, columns) if cells else "No cell has run yet.", "",
+                    (setup_note(cells, columns) + (" " + differ if differ else "")) if cells
+                    else "No cell has run yet.", "",
                     acceptance_fn(results, columns), ""])
 
 
@@ -635,34 +639,38 @@ def fig3(results: dict) -> str:
   lines = ["**Fig. 3 — critical-parameter selection (pathological, τ = 0.5, critical parameters kept local)** "
            "(accuracy %)", "", "| Dataset | Selection | best round's | its round | last round's |",
            "|---|---|---|---|---|"]
-  checks, present = [], []
+  checks, present = [], {}
   for d in _figure_datasets(results, lambda d: [("pathological", f"fedcac_local_{s}") for s in FIG3_SELECTIONS]):
     for s, cell in fig3_cells(results, d).items():
       lines.append(f"| {DATASETS[d]} | {FIG3_SELECTIONS[s]} | {ours(cell, skip=FIG3_SKIP)} | "
                    f"{cell.get('best_round', '—')} | {ours(cell, 'final', FIG3_SKIP)} |")
-      present.append(cell)
+      present[f"{FIG3_SELECTIONS[s]} ({DATASETS[d]})"] = cell
     checks += fig3_claims(results, d)
   if not present:
     return "(no Fig. 3 cell in these results)\n"
-  return "\n".join(lines + ["", setup_note(present, [], FIG3_SKIP, paper_numbers=False), "", "The paper's ordering (curves only, no numbers):",
+  differ = grid.seeds_differ_note(present)
+  return "\n".join(lines + ["", setup_note(list(present.values()), [], FIG3_SKIP, paper_numbers=False)
+                            + (" " + differ if differ else ""), "", "The paper's ordering (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 
 def _sweep_table(results: dict, field: str, title: str) -> str:
   symbol = SYMBOLS[field]
   lines = [f"**{title}** (best-round accuracy %)", "", f"| Dataset | {symbol} | ours |", "|---|---|---|"]
-  checks, present = [], []
+  checks, present = [], {}
   for d in DATASETS:
     points = _sweep(results, d, field)
     for v, cell in points:
       own = v == own_value(d, field)
       lines.append(f"| {DATASETS[d]} | {v:g}{' (the setting’s)' if own else ''} | {ours(cell, skip=(field,))} |")
-      present.append(cell)
+      present[f"{symbol} = {v:g} ({DATASETS[d]})"] = cell
     if points:
       checks += sweep_claims(results, d, field)
   if not present:
     return f"(no {title.split(' —')[0]} cell in these results)\n"
-  return "\n".join(lines + ["", setup_note(present, [], (field,), paper_numbers=False), "", "The paper's shape (curves only, no numbers):",
+  differ = grid.seeds_differ_note(present)
+  return "\n".join(lines + ["", setup_note(list(present.values()), [], (field,), paper_numbers=False)
+                            + (" " + differ if differ else ""), "", "The paper's shape (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 

@@ -185,12 +185,14 @@ def _ours_vs_paper(row_headers: list[str], columns: list[str], rows, note_prefix
   run yet is left out. Below it, ``note_prefix`` and the setup of the cells shown."""
   lines = ["| " + " | ".join(row_headers + [f"{c} ours / paper" for c in columns]) + " |",
            "|" + "---|" * (len(row_headers) + len(columns))]
-  shown = []
+  shown = {}
   for labels, cells, paper in rows:
     if any(cells):
       lines.append("| " + " | ".join(list(labels) + [f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)]) + " |")
-      shown += [c for c in cells if c]
-  return "\n".join(lines + ["", note_prefix + _reduced_note(shown)]) + "\n"
+      shown.update({f"{col} ({', '.join(labels)})": c for col, c in zip(columns, cells) if c})
+  differ = grid.seeds_differ_note(shown)
+  return "\n".join(lines + ["", note_prefix + _reduced_note(list(shown.values())) + (" " + differ if differ else "")]
+                   ) + "\n"
 
 
 def table2(results: dict) -> str:

@@ -281,9 +281,10 @@ def stand_in_models(cells) -> list[str]:
   return sorted(found)
 
 
-def _reduced_note(cells) -> str:
-  """The setup of ``cells``, the ones a table shows (never a loaded cell it leaves out), any stand-in model and any
-  hyperparameter a cell's command set by hand."""
+def _reduced_note(labelled: dict) -> str:
+  """The setup of the cells a table shows (``{row label: cell}``, never a loaded cell it leaves out), any stand-in
+  model, any hyperparameter a cell's command set by hand, and which cells ran at other seeds than the rest."""
+  cells = list(labelled.values())
   runs = sorted({(c.get("rounds"), c.get("config", {}).get("init", {}).get("pretrain_rounds"),
                   c.get("config", {}).get("data", {}).get("num_clients"), c.get("backend") or c.get("device_kind"),
                   grid.seeds_phrase(c))
@@ -295,13 +296,14 @@ def _reduced_note(cells) -> str:
     parts[-1] += "; stand-in model" + ("s " if len(models) > 1 else " ") + ", ".join(models)
   overrides = sorted({o for c in cells for o in hand_set_hparams(c)})
   changed = (f" except where a cell's command sets {', '.join(f'`{o}`' for o in overrides)}" if overrides else "")
+  differ = grid.seeds_differ_note(labelled)
   return ("Our cells: " + "; ".join(parts) + ". The paper runs up to 1,000 rounds, 100 clients; its baselines were "
           f"tuned (values not reported), ours use spec §3's starting values (experiments/configs/fedvsa_setting.py)"
-          f"{changed}.\n")
+          f"{changed}.{' ' + differ if differ else ''}\n")
 
 
 def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
-  lines, shown = [], []
+  lines, shown = [], {}
   for dataset in DATASETS:
     cells = {parse_key(k)[1:3]: v for k, v in results.items()
              if parse_key(k)[0] == dataset and parse_key(k)[1] in partitions and not parse_key(k)[3]
@@ -330,7 +332,7 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
     lines.append("")
     lines += rank_agreement(cells, columns, paper.get(dataset, {}))
     lines += accuracy_rows(cells, columns)
-    shown += [cells[p, m] for p in columns for m in METHODS if (p, m) in cells]
+    shown.update({f"{LABELS[m].strip('*')} ({dataset} {p})": cells[p, m] for p in columns for m in METHODS if (p, m) in cells})
   return "\n".join(lines) + "\n" + _reduced_note(shown)
 
 
@@ -404,7 +406,7 @@ def table4(results: dict) -> str:
 
 
 def table5(results: dict) -> str:
-  lines, shown = [], []
+  lines, shown = [], {}
   for dataset in DATASETS:
     cells = {(parse_key(k)[1], parse_key(k)[3], parse_key(k)[2]): v for k, v in results.items()
              if parse_key(k)[0] == dataset and parse_key(k)[3]}
@@ -419,7 +421,8 @@ def table5(results: dict) -> str:
       row = []
       for m in methods:
         c = cells.get((partition, fresh, m))
-        shown += [c] if c is not None else []
+        if c is not None:
+          shown[f"{LABELS[m].strip('*')} ({dataset} {partition}, α={fresh})"] = c
         ours = "—" if c is None else f"{c['value']:.2f} / {c['last10']:.2f}"
         row.append(f"{ours} ({PAPER_T5[dataset][(partition, fresh)][m]:.2f})")
       lines.append(f"| {partition}, α={fresh} | " + " | ".join(row) + " |")
@@ -489,7 +492,7 @@ def fig3(results: dict, methods=FIG3_METHODS, title: str = "Fig. 3 — model rep
     for t in ATTACK_ROUNDS:
       parts.append("—" if len(acc) <= t else " / ".join(f"{100 * acc[r - 1]:.1f}" for r in (t - 1, t, t + 1)))
     lines.append(f"| {dataset} | {LABELS[method]} | " + " | ".join(parts) + " |")
-  return "\n".join(lines) + "\n\n" + _reduced_note(cell for *_, cell in rows)
+  return "\n".join(lines) + "\n\n" + _reduced_note({f"row {i} ({LABELS[m].strip('*')}, {d})": cell for i, (d, m, cell) in enumerate(rows, 1)})
 
 
 def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:
@@ -545,7 +548,7 @@ def table9(results: dict) -> str:
     lines.append("")
   if not full:
     return "\n".join(lines) + "\nNo Table 9 cell has been run yet.\n"
-  return "\n".join(lines) + "\n" + _reduced_note(full.values())
+  return "\n".join(lines) + "\n" + _reduced_note({f"{m} ({d} {p})": c for (d, p, m), c in full.items()})
 
 
 # Table 10 (RTX 3070 PC): variant of benchmarks/fedvsa_cost.py -> (the paper's row, its client side, its server side

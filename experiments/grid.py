@@ -129,6 +129,27 @@ def seeds_phrase(cell: dict) -> str:
           f"({', '.join(f'{k} = {v}' for k, v in fixed.items())} in every one: one partition and attacker draw)")
 
 
+def seeds_differ_note(labelled: dict[str, dict]) -> str:
+  """A sentence naming which of a table's cells (``{row label: cell}``) ran at which seeds, or ``""`` when they all
+  ran at the same ones. Two cells side by side at different seeds differ by whatever the seed draws (partition,
+  initialization, run key) as well as by method, and a count ("3 seed(s)" against "1 seed(s)", or 2 against 2 at other seeds) does not say which cell
+  is which. The most common seed set is summarized as "the other N cells"; the rest are listed by label."""
+  groups: dict[tuple, list[str]] = {}
+  for label, cell in labelled.items():
+    if cell is not None:
+      groups.setdefault(cell_seeds(cell), []).append(label)
+  if len(groups) < 2:
+    return ""
+  order = sorted(groups, key=lambda s: (-len(groups[s]), s))
+  common = order[0]
+  seeds = lambda s: ",".join(map(str, s))
+  parts = [f"seed{'s' if len(s) > 1 else ''} {seeds(s)}: {', '.join(groups[s])}" for s in order[1:]]
+  parts.append(f"seed{'s' if len(common) > 1 else ''} {seeds(common)}: the other {len(groups[common])} "
+               f"cell{'s' if len(groups[common]) > 1 else ''}")
+  return ("Seeds differ between the cells shown (a gap between two of them then mixes seed-to-seed variation with "
+          "the method): " + "; ".join(parts) + ".")
+
+
 def open_results(out_dir: str, shard: str) -> tuple[Path, Path, dict]:
   """``(out, results_path, results)``: creates ``out_dir`` and loads this shard's results file (empty if new)."""
   out = Path(out_dir)

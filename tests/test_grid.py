@@ -159,6 +159,17 @@ def test_pooled_runs_that_shared_a_draw_say_so_in_the_setup_note():
   assert grid.seeds_phrase({"value": 1.0}) == "1 seed(s)" and grid.seeds_phrase({"seeds": [0, 1, 2]}) == "3 seed(s)"
 
 
+def test_seeds_differ_note_names_the_cells_off_the_common_seed_set():
+  three, two, one = {"seeds": [0, 1, 2]}, {"seeds": [0, 1]}, {"config": {"seed": 1}}
+  assert grid.seeds_differ_note({"A": three, "B": dict(three), "C": None}) == ""  # a missing cell is not a seed set
+  assert grid.seeds_differ_note({"A": three, "B": three, "C": two, "D": one}) == (
+      "Seeds differ between the cells shown (a gap between two of them then mixes seed-to-seed variation with the "
+      "method): seeds 0,1: C; seed 1: D; seeds 0,1,2: the other 2 cells.")
+  # equal counts at other seeds are still a difference a "2 seed(s)" phrase would hide; ties break on the seeds
+  note = grid.seeds_differ_note({"A": {"seeds": [1, 2]}, "B": {"seeds": [0, 1]}})
+  assert note.endswith("seeds 1,2: A; seeds 0,1: the other 1 cell.")
+
+
 def _setting_cell(seed, value, **config):
   cell = _one_seed_cell(seed, value)
   cell["config"] = {**cell["config"], "seed_fields": "seed,data.seed", "data": {"seed": seed, "data_dir": f"/d{seed}"},
