@@ -320,8 +320,8 @@ def setup_note(cells: list[dict], labels: list[str] | None = None) -> str:
     std.append("one seed: ± = std over the window's evaluated rounds (ddof 0; the paper's ±, spec A16)")
   if True in seeds:
     std.append("several seeds: mean of the per-seed window means ± their std across seeds (ddof 0)")
-  differ = grid.seeds_differ_note(dict(zip(labels, cells))) if labels else ""
-  return "Cells ran with: " + "; ".join(runs) + ". Shown: " + "; ".join(std) + "." + (" " + differ if differ else "")
+  note = "Cells ran with: " + "; ".join(runs) + ". Shown: " + "; ".join(std) + "."
+  return grid.with_seeds_note(note, dict(zip(labels, cells))) if labels else note
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -458,10 +458,9 @@ def render(results: dict, title: str, columns: list[tuple[str, str]], methods: d
   labelled = {f"{label} ({_column_label(d, p)})": lookup(results, d, p, m) for d, p in columns
               for m, label in methods.items()}
   cells = [c for c in labelled.values() if c is not None]
-  differ = grid.seeds_differ_note(labelled)
   return "\n".join([f"**{title}** (accuracy %, ours / paper)", "",
                     *_table(["Method"] + [f"{_column_label(d, p)}" for d, p in columns], rows), "",
-                    (setup_note(cells, columns) + (" " + differ if differ else "")) if cells
+                    grid.with_seeds_note(setup_note(cells, columns), labelled) if cells
                     else "No cell has run yet.", "",
                     acceptance_fn(results, columns), ""])
 
@@ -648,9 +647,8 @@ def fig3(results: dict) -> str:
     checks += fig3_claims(results, d)
   if not present:
     return "(no Fig. 3 cell in these results)\n"
-  differ = grid.seeds_differ_note(present)
-  return "\n".join(lines + ["", setup_note(list(present.values()), [], FIG3_SKIP, paper_numbers=False)
-                            + (" " + differ if differ else ""), "", "The paper's ordering (curves only, no numbers):",
+  note = setup_note(list(present.values()), [], FIG3_SKIP, paper_numbers=False)
+  return "\n".join(lines + ["", grid.with_seeds_note(note, present), "", "The paper's ordering (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 
@@ -668,9 +666,8 @@ def _sweep_table(results: dict, field: str, title: str) -> str:
       checks += sweep_claims(results, d, field)
   if not present:
     return f"(no {title.split(' —')[0]} cell in these results)\n"
-  differ = grid.seeds_differ_note(present)
-  return "\n".join(lines + ["", setup_note(list(present.values()), [], (field,), paper_numbers=False)
-                            + (" " + differ if differ else ""), "", "The paper's shape (curves only, no numbers):",
+  note = setup_note(list(present.values()), [], (field,), paper_numbers=False)
+  return "\n".join(lines + ["", grid.with_seeds_note(note, present), "", "The paper's shape (curves only, no numbers):",
                             *_claims_text(checks), ""])
 
 

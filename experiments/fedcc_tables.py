@@ -190,9 +190,7 @@ def _ours_vs_paper(row_headers: list[str], columns: list[str], rows, note_prefix
     if any(cells):
       lines.append("| " + " | ".join(list(labels) + [f"{_fmt(c)} / {p:.2f}" for c, p in zip(cells, paper)]) + " |")
       shown.update({f"{col} ({', '.join(labels)})": c for col, c in zip(columns, cells) if c})
-  differ = grid.seeds_differ_note(shown)
-  return "\n".join(lines + ["", note_prefix + _reduced_note(list(shown.values())) + (" " + differ if differ else "")]
-                   ) + "\n"
+  return "\n".join(lines + ["", grid.with_seeds_note(note_prefix + _reduced_note(list(shown.values())), shown)]) + "\n"
 
 
 def table2(results: dict) -> str:

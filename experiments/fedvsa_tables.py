@@ -296,10 +296,10 @@ def _reduced_note(labelled: dict) -> str:
     parts[-1] += "; stand-in model" + ("s " if len(models) > 1 else " ") + ", ".join(models)
   overrides = sorted({o for c in cells for o in hand_set_hparams(c)})
   changed = (f" except where a cell's command sets {', '.join(f'`{o}`' for o in overrides)}" if overrides else "")
-  differ = grid.seeds_differ_note(labelled)
-  return ("Our cells: " + "; ".join(parts) + ". The paper runs up to 1,000 rounds, 100 clients; its baselines were "
+  note = ("Our cells: " + "; ".join(parts) + ". The paper runs up to 1,000 rounds, 100 clients; its baselines were "
           f"tuned (values not reported), ours use spec §3's starting values (experiments/configs/fedvsa_setting.py)"
-          f"{changed}.{' ' + differ if differ else ''}\n")
+          f"{changed}.")
+  return grid.with_seeds_note(note, labelled) + "\n"
 
 
 def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
@@ -332,7 +332,8 @@ def rounds_table(results: dict, partitions, paper: dict, title: str) -> str:
     lines.append("")
     lines += rank_agreement(cells, columns, paper.get(dataset, {}))
     lines += accuracy_rows(cells, columns)
-    shown.update({f"{LABELS[m].strip('*')} ({dataset} {p})": cells[p, m] for p in columns for m in METHODS if (p, m) in cells})
+    shown.update({f"{LABELS[m].strip('*')} ({dataset} {p})": cells[p, m]
+                  for p in columns for m in METHODS if (p, m) in cells})
   return "\n".join(lines) + "\n" + _reduced_note(shown)
 
 
@@ -492,7 +493,8 @@ def fig3(results: dict, methods=FIG3_METHODS, title: str = "Fig. 3 — model rep
     for t in ATTACK_ROUNDS:
       parts.append("—" if len(acc) <= t else " / ".join(f"{100 * acc[r - 1]:.1f}" for r in (t - 1, t, t + 1)))
     lines.append(f"| {dataset} | {LABELS[method]} | " + " | ".join(parts) + " |")
-  return "\n".join(lines) + "\n\n" + _reduced_note({f"row {i} ({LABELS[m].strip('*')}, {d})": cell for i, (d, m, cell) in enumerate(rows, 1)})
+  labelled = {f"row {i} ({LABELS[m].strip('*')}, {d})": cell for i, (d, m, cell) in enumerate(rows, 1)}
+  return "\n".join(lines) + "\n\n" + _reduced_note(labelled)
 
 
 def fig3_figure(results: dict, path: Path, methods=FIG3_METHODS) -> None:

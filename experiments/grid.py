@@ -132,8 +132,9 @@ def seeds_phrase(cell: dict) -> str:
 def seeds_differ_note(labelled: dict[str, dict]) -> str:
   """A sentence naming which of a table's cells (``{row label: cell}``) ran at which seeds, or ``""`` when they all
   ran at the same ones. Two cells side by side at different seeds differ by whatever the seed draws (partition,
-  initialization, run key) as well as by method, and a count ("3 seed(s)" against "1 seed(s)", or 2 against 2 at other seeds) does not say which cell
-  is which. The most common seed set is summarized as "the other N cells"; the rest are listed by label."""
+  initialization, run key) as well as by method, and a count ("3 seed(s)" against "1 seed(s)", or 2 against 2 at
+  other seeds) does not say which cell is which. The most common seed set is summarized as "the other N cells";
+  the rest are listed by label."""
   groups: dict[tuple, list[str]] = {}
   for label, cell in labelled.items():
     if cell is not None:
@@ -148,6 +149,12 @@ def seeds_differ_note(labelled: dict[str, dict]) -> str:
                f"cell{'s' if len(groups[common]) > 1 else ''}")
   return ("Seeds differ between the cells shown (a gap between two of them then mixes seed-to-seed variation with "
           "the method): " + "; ".join(parts) + ".")
+
+
+def with_seeds_note(note: str, labelled: dict[str, dict]) -> str:
+  """A table's setup ``note`` followed by :func:`seeds_differ_note` of its cells, when there is one."""
+  differ = seeds_differ_note(labelled)
+  return f"{note} {differ}" if differ else note
 
 
 def open_results(out_dir: str, shard: str) -> tuple[Path, Path, dict]:
